@@ -1,0 +1,35 @@
+# The two commands of the README. Each creates .venv when missing, installs a CPU torch where none is
+# installed (never a multi-GB CUDA build), then the project with its test extras, then runs.
+PYTHON ?= python3
+VENV ?= .venv
+# A CPU build of torch. On this project's machines pip finds the local wheel; elsewhere point pip at the
+# CPU index, e.g. make TORCH_PIP_ARGS="--index-url https://download.pytorch.org/whl/cpu" gate
+TORCH_SPEC ?= torch==2.13.0
+TORCH_PIP_ARGS ?=
+OUT ?= h3-out
+PYTEST_ARGS ?=
+
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: gate test setup clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install $(TORCH_PIP_ARGS) "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -e ".[test]"
+	touch $@
+
+# The gate suite on the embedded tiny model, on CPU under Triton's interpreter: evidence and JUnit in $(OUT).
+gate: $(STAMP)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -m gate tests/gates --h3-model=tiny --h3-device=cpu \
+		--h3-out=$(OUT) --junitxml=$(OUT)/junit.xml $(PYTEST_ARGS)
+
+# The whole CPU test suite.
+test: $(STAMP)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) $(OUT) .pytest_cache

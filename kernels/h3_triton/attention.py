@@ -1,0 +1,383 @@
+"""Flash attention (FlashAttention-2 style) for the H3 blocks: non-causal, unmasked, scale 1/sqrt(D).
+
+Replaces the ``dispatch_attention_fn`` call of ``MiniMaxH3Transformer3DModel``, so it takes the layout diffusers
+passes there, (batch, sequence, heads, head_dim) with arbitrary outer strides, and never materialises the
+S x S score matrix (S is 38,222 at release: the matrix alone would be 5.8 GB per head).
+
+Forward: one program per (query block, batch x head) sweeps the key blocks with the online softmax in base 2
+(the softmax scale is folded with log2(e) so each score costs one ``exp2``) and saves the base-2 logsumexp of
+every row. Full key tiles run unmasked; only the last partial tile pays for the mask, which keeps padded keys
+out of the softmax. Backward recomputes the probabilities from that logsumexp: a preprocess kernel for
+delta = rowsum(dO * O), one kernel for dK and dV per key block looping over query blocks, one for dQ per query
+block looping over key blocks. Each output element is written by exactly one program, so results are
+deterministic without atomics. Every dot goes through :func:`h3_triton.dot.mma`.
+"""
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from h3_triton.dot import INTERPRET, mma
+
+HEAD_DIMS = (32, 64, 128)
+DTYPES = (torch.bfloat16, torch.float32)
+
+# One small fixed tiling under the interpreter: it runs every program in numpy, so fewer, larger tiles would
+# be faster, but 32 keeps a partial last tile in reach of short test sequences.
+_INTERPRET_TILE = 32
+
+
+def _tuned(kernel, names: tuple[str, ...], rows: tuple[tuple[int, ...], ...]):
+    """Launcher ``(grid, *args, **meta)``: autotuned over ``rows`` keyed on (S, D) on a GPU, fixed tiles here.
+
+    A row is the tile sizes for ``names`` followed by num_warps and num_stages.
+    """
+    if INTERPRET:
+        fixed = dict.fromkeys(names, _INTERPRET_TILE)
+        return lambda grid, *args, **meta: kernel[grid](*args, **meta, **fixed)
+    configs = [triton.Config(dict(zip(names, row[:-2])), num_warps=row[-2], num_stages=row[-1]) for row in rows]
+    tuned = triton.autotune(configs=configs, key=["S", "HEAD_DIM"])(kernel)
+    return lambda grid, *args, **meta: tuned[grid](*args, **meta)
+
+
+# (tiles..., num_warps, num_stages). The forward's best measured on an H200 at S=38,222, D=128 is
+# BLOCK_M 128, BLOCK_N 128, 8 warps, 3 stages; the sets stay small because each new S is tuned afresh.
+_FWD_ROWS = (
+    (128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 4), (128, 128, 4, 3),
+    (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4),
+)
+_DELTA_ROWS = ((128, 4, 1), (64, 4, 1))
+_DKDV_ROWS = ((32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 3))
+_DQ_ROWS = ((128, 32, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2))
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
+    """float32 ``x`` cast to ``dtype`` rounding to nearest even, as the GPU does.
+
+    The interpreter truncates float32 -> bfloat16 casts (a bias of half a bf16 ULP that about doubles the
+    error of every rounded P, dS and output); on the interpreter the rounding is done on the bits first, which
+    makes its truncating cast exact. On a GPU the branch is resolved at compile time and costs nothing.
+    """
+    if UPCAST:
+        if dtype == tl.bfloat16:
+            bits = x.to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            x = bits.to(tl.float32, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _heads_base(pid_bh, H, stride_b, stride_h):
+    """Offset of (batch, head) ``pid_bh`` in a (B, S, H, D) tensor, in int64: B*S*H*D may pass 2**31."""
+    off_b = (pid_bh // H).to(tl.int64)
+    off_h = (pid_bh % H).to(tl.int64)
+    return off_b * stride_b + off_h * stride_h
+
+
+@triton.jit
+def _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_kn, stride_vn, start, stop, S, qk_scale,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+               MASK_KEYS: tl.constexpr, UPCAST: tl.constexpr):
+    """Online softmax over key tiles [start, stop); only the last partial tile is called with MASK_KEYS."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(start, stop, BLOCK_N):
+        offs_n = start_n + offs_n0
+        if MASK_KEYS:
+            in_seq = offs_n < S
+            k = tl.load(k_ptr + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
+            v = tl.load(v_ptr + offs_n[:, None] * stride_vn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptr + offs_n[:, None] * stride_kn + offs_d[None, :])
+            v = tl.load(v_ptr + offs_n[:, None] * stride_vn + offs_d[None, :])
+        qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST) * qk_scale
+        if MASK_KEYS:
+            qk = tl.where(in_seq[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(qk, 1))
+        p = tl.math.exp2(qk - m_new[:, None])
+        alpha = tl.math.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = mma(_round(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST)
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _fwd_kernel(Q, K, V, O, LSE,
+                stride_qb, stride_qs, stride_qh,
+                stride_kb, stride_ks, stride_kh,
+                stride_vb, stride_vs, stride_vh,
+                stride_ob, stride_os, stride_oh,
+                H, S, qk_scale,
+                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    q_ptr = Q + _heads_base(pid_bh, H, stride_qb, stride_qh)
+    k_ptr = K + _heads_base(pid_bh, H, stride_kb, stride_kh)
+    v_ptr = V + _heads_base(pid_bh, H, stride_vb, stride_vh)
+    o_ptr = O + _heads_base(pid_bh, H, stride_ob, stride_oh)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_in_seq = offs_m < S
+    q = tl.load(q_ptr + offs_m[:, None] * stride_qs + offs_d[None, :], mask=row_in_seq[:, None], other=0.0)
+
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
+    full_stop = (S // BLOCK_N) * BLOCK_N
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_ks, stride_vs, 0, full_stop, S, qk_scale,
+                               BLOCK_M, BLOCK_N, HEAD_DIM, False, UPCAST)
+    acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_ks, stride_vs, full_stop, S, S, qk_scale,
+                               BLOCK_M, BLOCK_N, HEAD_DIM, True, UPCAST)
+
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + offs_m[:, None] * stride_os + offs_d[None, :], _round(out, O.dtype.element_ty, UPCAST),
+             mask=row_in_seq[:, None])
+    tl.store(LSE + pid_bh.to(tl.int64) * S + offs_m, m_i + tl.math.log2(l_i), mask=row_in_seq)
+
+
+@triton.jit
+def _delta_kernel(O, DO, DELTA,
+                  stride_ob, stride_os, stride_oh,
+                  stride_dob, stride_dos, stride_doh,
+                  H, S,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
+    """delta = rowsum(dO * O) in float32, the row term of dS = P * (dP - delta)."""
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    rows = (offs_m < S)[:, None]
+    o = tl.load(O + _heads_base(pid_bh, H, stride_ob, stride_oh) + offs_m[:, None] * stride_os + offs_d[None, :],
+                mask=rows, other=0.0)
+    do = tl.load(DO + _heads_base(pid_bh, H, stride_dob, stride_doh) + offs_m[:, None] * stride_dos
+                 + offs_d[None, :], mask=rows, other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    tl.store(DELTA + pid_bh.to(tl.int64) * S + offs_m, delta, mask=offs_m < S)
+
+
+@triton.jit
+def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qs, stride_dos, start, stop, S, qk_scale,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                MASK_QUERIES: tl.constexpr, UPCAST: tl.constexpr):
+    """Accumulate dK (unscaled) and dV of one key block over query tiles [start, stop), transposed (keys x queries).
+
+    Padded query rows load as zeros with zero dO and delta, so their terms vanish exactly; the mask only keeps
+    the loads inside the tensors.
+    """
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_m in range(start, stop, BLOCK_M):
+        offs_m = start_m + offs_m0
+        if MASK_QUERIES:
+            rows = offs_m < S
+            q = tl.load(q_ptr + offs_m[:, None] * stride_qs + offs_d[None, :], mask=rows[:, None], other=0.0)
+            do = tl.load(do_ptr + offs_m[:, None] * stride_dos + offs_d[None, :], mask=rows[:, None], other=0.0)
+            lse = tl.load(lse_ptr + offs_m, mask=rows, other=0.0)
+            delta = tl.load(delta_ptr + offs_m, mask=rows, other=0.0)
+        else:
+            q = tl.load(q_ptr + offs_m[:, None] * stride_qs + offs_d[None, :])
+            do = tl.load(do_ptr + offs_m[:, None] * stride_dos + offs_d[None, :])
+            lse = tl.load(lse_ptr + offs_m)
+            delta = tl.load(delta_ptr + offs_m)
+        qk_t = mma(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST)
+        p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])
+        dv = mma(_round(p_t, do.dtype, UPCAST), do, dv, UPCAST)
+        dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST)
+        ds_t = p_t * (dp_t - delta[None, :])
+        dk = mma(_round(ds_t, q.dtype, UPCAST), q, dk, UPCAST)
+    return dk, dv
+
+
+@triton.jit
+def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
+                 stride_qb, stride_qs, stride_qh,
+                 stride_kb, stride_ks, stride_kh,
+                 stride_vb, stride_vs, stride_vh,
+                 stride_dob, stride_dos, stride_doh,
+                 stride_gb, stride_gs, stride_gh,
+                 H, S, sm_scale, qk_scale,
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+    """dK, dV of one key block; DK and DV share the strides (gb, gs, gh) of their contiguous allocation."""
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    cols = (offs_n < S)[:, None]
+    k = tl.load(K + _heads_base(pid_bh, H, stride_kb, stride_kh) + offs_n[:, None] * stride_ks + offs_d[None, :],
+                mask=cols, other=0.0)
+    v = tl.load(V + _heads_base(pid_bh, H, stride_vb, stride_vh) + offs_n[:, None] * stride_vs + offs_d[None, :],
+                mask=cols, other=0.0)
+    q_ptr = Q + _heads_base(pid_bh, H, stride_qb, stride_qh)
+    do_ptr = DO + _heads_base(pid_bh, H, stride_dob, stride_doh)
+    lse_ptr = LSE + pid_bh.to(tl.int64) * S
+    delta_ptr = DELTA + pid_bh.to(tl.int64) * S
+
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    full_stop = (S // BLOCK_M) * BLOCK_M
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qs, stride_dos, 0, full_stop, S,
+                         qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, False, UPCAST)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qs, stride_dos, full_stop, S, S,
+                         qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, True, UPCAST)
+
+    g_off = _heads_base(pid_bh, H, stride_gb, stride_gh) + offs_n[:, None] * stride_gs + offs_d[None, :]
+    tl.store(DK + g_off, _round(dk * sm_scale, DK.dtype.element_ty, UPCAST), mask=cols)
+    tl.store(DV + g_off, _round(dv, DV.dtype.element_ty, UPCAST), mask=cols)
+
+
+@triton.jit
+def _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, stride_ks, stride_vs, start, stop, S, qk_scale,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+              MASK_KEYS: tl.constexpr, UPCAST: tl.constexpr):
+    """Accumulate dQ (unscaled) of one query block over key tiles [start, stop)."""
+    offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
+    for start_n in range(start, stop, BLOCK_N):
+        offs_n = start_n + offs_n0
+        if MASK_KEYS:
+            in_seq = offs_n < S
+            k = tl.load(k_ptr + offs_n[:, None] * stride_ks + offs_d[None, :], mask=in_seq[:, None], other=0.0)
+            v = tl.load(v_ptr + offs_n[:, None] * stride_vs + offs_d[None, :], mask=in_seq[:, None], other=0.0)
+        else:
+            k = tl.load(k_ptr + offs_n[:, None] * stride_ks + offs_d[None, :])
+            v = tl.load(v_ptr + offs_n[:, None] * stride_vs + offs_d[None, :])
+        qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST)
+        p = tl.math.exp2(qk * qk_scale - lse[:, None])
+        if MASK_KEYS:
+            p = tl.where(in_seq[None, :], p, 0.0)
+        dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST)
+        ds = p * (dp - delta[:, None])
+        dq = mma(_round(ds, k.dtype, UPCAST), k, dq, UPCAST)
+    return dq
+
+
+@triton.jit
+def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
+               stride_qb, stride_qs, stride_qh,
+               stride_kb, stride_ks, stride_kh,
+               stride_vb, stride_vs, stride_vh,
+               stride_dob, stride_dos, stride_doh,
+               stride_gb, stride_gs, stride_gh,
+               H, S, sm_scale, qk_scale,
+               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+    pid_m = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
+    row_in_seq = offs_m < S
+    rows = row_in_seq[:, None]
+    q = tl.load(Q + _heads_base(pid_bh, H, stride_qb, stride_qh) + offs_m[:, None] * stride_qs + offs_d[None, :],
+                mask=rows, other=0.0)
+    do = tl.load(DO + _heads_base(pid_bh, H, stride_dob, stride_doh) + offs_m[:, None] * stride_dos
+                 + offs_d[None, :], mask=rows, other=0.0)
+    lse = tl.load(LSE + pid_bh.to(tl.int64) * S + offs_m, mask=row_in_seq, other=0.0)
+    delta = tl.load(DELTA + pid_bh.to(tl.int64) * S + offs_m, mask=row_in_seq, other=0.0)
+    k_ptr = K + _heads_base(pid_bh, H, stride_kb, stride_kh)
+    v_ptr = V + _heads_base(pid_bh, H, stride_vb, stride_vh)
+
+    dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
+    full_stop = (S // BLOCK_N) * BLOCK_N
+    dq = _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, stride_ks, stride_vs, 0, full_stop, S, qk_scale,
+                   BLOCK_M, BLOCK_N, HEAD_DIM, False, UPCAST)
+    dq = _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, stride_ks, stride_vs, full_stop, S, S, qk_scale,
+                   BLOCK_M, BLOCK_N, HEAD_DIM, True, UPCAST)
+    tl.store(DQ + _heads_base(pid_bh, H, stride_gb, stride_gh) + offs_m[:, None] * stride_gs + offs_d[None, :],
+             _round(dq * sm_scale, DQ.dtype.element_ty, UPCAST), mask=rows)
+
+
+_fwd = _tuned(_fwd_kernel, ("BLOCK_M", "BLOCK_N"), _FWD_ROWS)
+_delta = _tuned(_delta_kernel, ("BLOCK_M",), _DELTA_ROWS)
+_dkdv = _tuned(_dkdv_kernel, ("BLOCK_M", "BLOCK_N"), _DKDV_ROWS)
+_dq = _tuned(_dq_kernel, ("BLOCK_M", "BLOCK_N"), _DQ_ROWS)
+
+
+def _outer_strides(t: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, sequence, head) strides of a (B, S, H, D) tensor; the head_dim stride is 1 by contract."""
+    return t.stride(0), t.stride(1), t.stride(2)
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != 4:
+            raise ValueError(f"attention: {name} must be (batch, seq, heads, head_dim), got shape {tuple(t.shape)}")
+        if t.shape != q.shape:
+            raise ValueError(f"attention: {name} has shape {tuple(t.shape)}, q has {tuple(q.shape)}; they must match")
+        if t.dtype != q.dtype:
+            raise ValueError(f"attention: {name} is {t.dtype}, q is {q.dtype}; cast all three to one dtype")
+        if t.device != q.device:
+            raise ValueError(f"attention: {name} is on {t.device}, q on {q.device}; move all three to one device")
+        if t.stride(-1) != 1:
+            raise ValueError(f"attention: {name} has head_dim stride {t.stride(-1)}; pass a view with stride 1 "
+                             "along head_dim (e.g. {name}.contiguous())")
+    if q.dtype not in DTYPES:
+        raise ValueError(f"attention: dtype {q.dtype} is not supported; use one of {DTYPES}")
+    if q.shape[-1] not in HEAD_DIMS:
+        raise ValueError(f"attention: head_dim {q.shape[-1]} is not supported; use one of {HEAD_DIMS}")
+    if q.shape[1] == 0:
+        raise ValueError("attention: the sequence is empty (S == 0); softmax over no keys is undefined")
+
+
+def _grid(B: int, H: int, S: int, block: str):
+    return lambda meta: (triton.cdiv(S, meta[block]), B * H)
+
+
+class _FlashAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v):
+        B, S, H, D = q.shape
+        sm_scale = 1.0 / math.sqrt(D)
+        o = torch.empty((B, S, H, D), dtype=q.dtype, device=q.device)
+        lse = torch.empty((B * H, S), dtype=torch.float32, device=q.device)
+        _fwd(
+            _grid(B, H, S, "BLOCK_M"),
+            q, k, v, o, lse, *_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(o),
+            H, S, sm_scale * math.log2(math.e),
+            HEAD_DIM=D, UPCAST=INTERPRET,
+        )
+        ctx.save_for_backward(q, k, v, o, lse)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        B, S, H, D = q.shape
+        sm_scale = 1.0 / math.sqrt(D)
+        if do.stride(-1) != 1:  # autograd may hand a broadcast gradient (stride 0); the kernels need stride 1
+            do = do.contiguous()
+        delta = torch.empty_like(lse)
+        _delta(
+            _grid(B, H, S, "BLOCK_M"),
+            o, do, delta, *_outer_strides(o), *_outer_strides(do), H, S,
+            HEAD_DIM=D,
+        )
+        dq = torch.empty((B, S, H, D), dtype=q.dtype, device=q.device)
+        dk = torch.empty_like(dq)
+        dv = torch.empty_like(dq)
+        common = (*_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(do),
+                  *_outer_strides(dq), H, S, sm_scale, sm_scale * math.log2(math.e))
+        _dkdv(
+            _grid(B, H, S, "BLOCK_N"),
+            q, k, v, do, lse, delta, dk, dv, *common,
+            HEAD_DIM=D, UPCAST=INTERPRET,
+        )
+        _dq(
+            _grid(B, H, S, "BLOCK_M"),
+            q, k, v, do, lse, delta, dq, *common,
+            HEAD_DIM=D, UPCAST=INTERPRET,
+        )
+        return dq, dk, dv
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Softmax attention of (B, S, H, D) ``q``, ``k``, ``v`` with scale 1/sqrt(D); returns (B, S, H, D) contiguous.
+
+    Equals ``scaled_dot_product_attention`` on the (B, H, S, D) transposes up to rounding; differentiable in all
+    three inputs. D must be 32, 64 or 128; dtype bfloat16 or float32; outer strides are free, head_dim stride 1.
+    """
+    _check(q, k, v)
+    return _FlashAttention.apply(q, k, v)

@@ -1,0 +1,316 @@
+"""The GEMMs of the H3 blocks: ``linear`` (q/k/v, out, ffn up/down) and ``silu_linear`` (the AdaLN modulation).
+
+One tiled kernel computes ``C = act(A) @ B (+ bias) (* silu'(Z))`` with float32 accumulation and grouped
+(swizzled) program order, so consecutive programs share A row panels in L2. Every product of both functions
+is this kernel with other strides: the forward reads the weight (N, K) as B = W^T, the input gradient is
+dY @ W, the weight gradient is written as dW^T = act(X)^T @ dY (the transpose lives only in the strides), and
+the bias gradient is ones(1, M) @ dY, a column sum with the same fixed-order reduction. ``silu_linear`` fuses
+the SiLU into the load of A (forward and weight gradient) and its derivative into the epilogue (input
+gradient), so the tiny activation never makes a round trip through memory and the weight is streamed once.
+
+Rows: an input (..., K) is addressed without copies when its leading dimensions collapse to at most two
+strides (``outer``, ``inner``), which covers 2-D and 3-D slices of larger buffers. The reduction over rows of
+the weight and bias gradients loops over outer blocks and then inner rows in a fixed order; no atomics, so
+results are bitwise reproducible.
+"""
+
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from h3_triton.dot import INTERPRET, mma
+
+DTYPES = (torch.bfloat16, torch.float32)
+
+# Up to this many rows the "skinny" tiles (16 rows) apply: the AdaLN projection has one row per timestep and
+# the bias gradient one row in all, where 128-row tiles would be almost all padding.
+_SKINNY_ROWS = 16
+
+
+@triton.jit
+def _round(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    """float32 ``x`` rounded to nearest even in ``dtype``, as a GPU's cast does.
+
+    The interpreter (triton 3.9) truncates float32 -> bfloat16 casts toward zero, which doubles the rounding
+    error and biases it; there the rounding is done on the bits (NaNs kept quiet), bitwise equal to torch's.
+    """
+    if INTERPRETED and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = tl.where(x != x, bits | 0x400000, bits + 0x7FFF + ((bits >> 16) & 1))
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
+def _row_offsets(rows, inner, s_outer, s_inner, SPLIT: tl.constexpr):
+    """int64 offsets of row indices laid out as ``rows // inner`` blocks of ``inner`` rows.
+
+    The unsplit case skips the division so Triton still sees contiguous rows (vectorised loads of A^T).
+    """
+    rows = rows.to(tl.int64)
+    if SPLIT:
+        return (rows // inner) * s_outer + (rows % inner) * s_inner
+    else:
+        return rows * s_inner
+
+
+@triton.jit
+def _gemm_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+    M, N, M_INNER, K_OUTER, K_INNER,
+    s_a_mo, s_a_mi, s_a_ko, s_a_ki,
+    s_b_ko, s_b_ki, s_b_n,
+    s_c_mo, s_c_mi, s_c_n,
+    s_bias,
+    s_z_mo, s_z_mi, s_z_n,
+    M_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, A_SILU: tl.constexpr, SILU_GRAD: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """One (BLOCK_M, BLOCK_N) tile of C; the K axis is K_OUTER blocks of K_INNER, reduced in order.
+
+    INTERPRETED selects the interpreter's workarounds: float32 operands for bfloat16 dots (``mma``'s UPCAST)
+    and rounding on the bits (``_round``).
+    """
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_m
+    pid_n = (pid % per_group) // group_m
+
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    rk = tl.arange(0, BLOCK_K)
+    in_m = rm < M
+    in_n = rn < N
+
+    a_outer = a_ptr + _row_offsets(rm, M_INNER, s_a_mo, s_a_mi, M_SPLIT)[:, None] + rk[None, :] * s_a_ki
+    b_outer = b_ptr + rn.to(tl.int64)[None, :] * s_b_n + rk[:, None] * s_b_ki
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, K_OUTER):
+        a_ptrs = a_outer
+        b_ptrs = b_outer
+        for k in range(0, K_INNER, BLOCK_K):
+            in_k = rk < K_INNER - k
+            # Masked K entries must be zero in BOTH operands: 0 * NaN from a neighbour would poison the sum.
+            a = tl.load(a_ptrs, mask=in_m[:, None] & in_k[None, :], other=0.0)
+            b = tl.load(b_ptrs, mask=in_k[:, None] & in_n[None, :], other=0.0)
+            if A_SILU:
+                a = a.to(tl.float32)
+                a = _round(a * tl.sigmoid(a), b.dtype, INTERPRETED)
+            acc = mma(a, b, acc, INTERPRETED)
+            a_ptrs += BLOCK_K * s_a_ki
+            b_ptrs += BLOCK_K * s_b_ki
+        a_outer += s_a_ko
+        b_outer += s_b_ko
+
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rn * s_bias, mask=in_n, other=0.0).to(tl.float32)[None, :]
+    in_c = in_m[:, None] & in_n[None, :]
+    if SILU_GRAD:
+        z_ptrs = z_ptr + _row_offsets(rm, M_INNER, s_z_mo, s_z_mi, M_SPLIT)[:, None] + rn[None, :] * s_z_n
+        z = tl.load(z_ptrs, mask=in_c, other=0.0).to(tl.float32)
+        sig = tl.sigmoid(z)
+        acc = acc * (sig * (1.0 + z * (1.0 - sig)))
+    c_ptrs = c_ptr + _row_offsets(rm, M_INNER, s_c_mo, s_c_mi, M_SPLIT)[:, None] + rn.to(tl.int64)[None, :] * s_c_n
+    tl.store(c_ptrs, _round(acc, c_ptr.dtype.element_ty, INTERPRETED), mask=in_c)
+
+
+def _launcher(configs: list[tuple[int, int, int, int]]):
+    """Launcher ``(grid, *args, **meta)``: autotuned over ``configs`` keyed on the GEMM's sizes on a GPU.
+
+    A config is (BLOCK_M, BLOCK_N, num_warps, num_stages). BLOCK_K is 64 in every config, so the reduction
+    order along K, and thus the result bits, do not depend on which config the tuner picks.
+    Under the interpreter, fixed small tiles (it runs every program in numpy) and no tuning.
+    """
+    if INTERPRET:
+        fixed = {"BLOCK_M": min(configs[0][0], 32), "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}
+        return lambda grid, *args, **meta: _gemm_kernel[grid](*args, **meta, **fixed)
+    tuned = triton.autotune(
+        configs=[
+            triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in configs
+        ],
+        key=["M", "N", "K_OUTER", "K_INNER"],
+    )(_gemm_kernel)
+    return lambda grid, *args, **meta: tuned[grid](*args, **meta)
+
+
+_TILED = _launcher([
+    (128, 256, 8, 3), (256, 128, 8, 3), (128, 256, 8, 4), (256, 128, 8, 4),
+    (128, 128, 8, 3), (128, 128, 4, 4), (128, 128, 8, 4),
+])
+# GEMV-like: memory bound, a 16-row tile spans all rows and each program streams a BLOCK_N slice of B.
+_SKINNY = _launcher([
+    (16, 64, 4, 3), (16, 64, 4, 5), (16, 128, 4, 3), (16, 128, 4, 5), (16, 256, 4, 3), (16, 256, 8, 4),
+])
+
+
+class _Axis(NamedTuple):
+    """A GEMM axis of ``count`` indices, addressed as ``count // inner`` blocks of ``inner``."""
+
+    count: int
+    inner: int
+
+    @staticmethod
+    def flat(count: int) -> "_Axis":
+        return _Axis(count, max(count, 1))
+
+
+class _Mat(NamedTuple):
+    """A strided matrix view: ``rows`` and ``cols`` are (outer, inner) stride pairs of its two axes."""
+
+    t: torch.Tensor
+    rows: tuple[int, int]
+    cols: tuple[int, int]
+
+    @property
+    def T(self) -> "_Mat":
+        return _Mat(self.t, self.cols, self.rows)
+
+    @staticmethod
+    def of_weight(w: torch.Tensor) -> "_Mat":
+        return _Mat(w, (0, w.stride(0)), (0, w.stride(1)))
+
+
+def _row_breaks(t: torch.Tensor) -> set[int]:
+    """Leading dimensions of ``t`` after which the rows cannot continue with one stride."""
+    lead = [i for i in range(t.dim() - 1) if t.shape[i] != 1]
+    return {a for a, b in zip(lead, lead[1:]) if t.stride(a) != t.stride(b) * t.shape[b]}
+
+
+def _row_split(*ts: torch.Tensor) -> tuple[_Axis, list[_Mat]]:
+    """The rows shared by tensors of one leading shape, and each tensor as a (rows, last dim) matrix.
+
+    The tensors must break their rows at no more than one common place; the caller checks that first.
+    """
+    lead = [i for i in range(ts[0].dim() - 1) if ts[0].shape[i] != 1]
+    count = math.prod(ts[0].shape[:-1])
+    breaks = set().union(*map(_row_breaks, ts))
+    if count == 0:
+        return _Axis(0, 1), [_Mat(t, (0, 0), (0, t.stride(-1))) for t in ts]
+    if not breaks:
+        return _Axis.flat(count), [_Mat(t, (0, t.stride(lead[-1]) if lead else 0), (0, t.stride(-1))) for t in ts]
+    (split,) = breaks
+    inner = math.prod(ts[0].shape[split + 1:-1])
+    return _Axis(count, inner), [_Mat(t, (t.stride(split), t.stride(lead[-1])), (0, t.stride(-1))) for t in ts]
+
+
+def _rows_compatible(*ts: torch.Tensor) -> bool:
+    return len(set().union(*map(_row_breaks, ts))) <= 1
+
+
+def _matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, *, bias: torch.Tensor | None = None,
+            z: _Mat | None = None, a_silu: bool = False) -> None:
+    """``c = act(a) @ b (+ bias) (* silu'(z))`` for a (m, k) @ (k, n); ``z`` is laid out like ``c``."""
+    if m.count == 0 or n == 0:
+        return
+    launch = _SKINNY if m.count <= _SKINNY_ROWS else _TILED
+    z_args = (*z.rows, z.cols[1]) if z is not None else (0, 0, 0)
+    launch(
+        lambda meta: (triton.cdiv(m.count, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),),
+        a.t, b.t, c.t, c.t if bias is None else bias, c.t if z is None else z.t,
+        m.count, n, m.inner, k.count // k.inner, k.inner,
+        *a.rows, *a.cols,
+        *b.rows, b.cols[1],
+        *c.rows, c.cols[1],
+        0 if bias is None else bias.stride(0),
+        *z_args,
+        M_SPLIT=m.inner != m.count, HAS_BIAS=bias is not None, A_SILU=a_silu, SILU_GRAD=z is not None,
+        INTERPRETED=INTERPRET,
+    )
+
+
+class _Linear(torch.autograd.Function):
+    """``act(x) @ weight.T + bias`` with ``act`` = identity or SiLU (rounded to the weight's dtype)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, silu):
+        N, K = weight.shape
+        y = torch.empty((*x.shape[:-1], N), dtype=weight.dtype, device=x.device)
+        rows, (xm, ym) = _row_split(x, y)
+        _matmul(xm, _Mat.of_weight(weight).T, ym, rows, N, _Axis.flat(K), bias=bias, a_silu=silu)
+        ctx.save_for_backward(x, weight)
+        ctx.silu = silu
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        N, K = weight.shape
+        if not _rows_compatible(x, dy):
+            # Autograd hands gradients in whatever layout the next op produced; a contiguous copy always
+            # shares the rows of x, whose layout the forward accepted.
+            dy = dy.contiguous()
+        dx = dweight = dbias = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.empty_like(x, memory_format=torch.contiguous_format)
+            rows, (dym, dxm, xm) = _row_split(dy, dx, x)
+            _matmul(dym, _Mat.of_weight(weight), dxm, rows, K, _Axis.flat(N), z=xm if ctx.silu else None)
+        if ctx.needs_input_grad[1]:
+            dweight = torch.empty_like(weight, memory_format=torch.contiguous_format)
+            rows, (xm, dym) = _row_split(x, dy)
+            _matmul(xm.T, dym, _Mat.of_weight(dweight).T, _Axis.flat(K), N, rows, a_silu=ctx.silu)
+        if ctx.needs_input_grad[2]:
+            dbias = torch.empty((N,), dtype=weight.dtype, device=dy.device)
+            ones = torch.ones((1,), dtype=dy.dtype, device=dy.device)
+            rows, (dym,) = _row_split(dy)
+            _matmul(_Mat(ones, (0, 0), (0, 0)), dym, _Mat(dbias, (0, 0), (0, 1)), _Axis.flat(1), N, rows)
+        return dx, dweight, dbias, None
+
+
+def _check(fn: str, x: torch.Tensor, x_name: str, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """Raise ValueError naming the bad argument and the fix."""
+    if weight.dim() != 2:
+        raise ValueError(f"{fn}: weight must be 2-D (out_features, in_features), got shape {tuple(weight.shape)}")
+    if weight.dtype not in DTYPES:
+        raise ValueError(f"{fn}: weight dtype {weight.dtype} is not supported; use one of {DTYPES}")
+    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(
+            f"{fn}: {x_name} of shape {tuple(x.shape)} must end in weight's in_features {weight.shape[1]} "
+            f"(weight shape {tuple(weight.shape)})"
+        )
+    if bias is not None and (bias.shape != (weight.shape[0],) or bias.dtype != weight.dtype):
+        raise ValueError(
+            f"{fn}: bias must have shape ({weight.shape[0]},) and weight's dtype {weight.dtype}, "
+            f"got {tuple(bias.shape)} {bias.dtype}"
+        )
+    devices = {t.device for t in (x, weight, bias) if t is not None}
+    if len(devices) != 1:
+        raise ValueError(f"{fn}: {x_name}, weight and bias must be on one device, got {sorted(map(str, devices))}")
+    if len(_row_breaks(x)) > 1:
+        raise ValueError(
+            f"{fn}: the leading dimensions of {x_name} (shape {tuple(x.shape)}, strides {x.stride()}) do not "
+            f"collapse to two strides; pass {x_name}.contiguous()"
+        )
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` like ``torch.nn.functional.linear``, float32 accumulation, in x's dtype.
+
+    x (..., K), weight (N, K), bias (N,) or None, all of one dtype (bfloat16 or float32).
+    """
+    _check("linear", x, "x", weight, bias)
+    if x.dtype != weight.dtype:
+        raise ValueError(f"linear: x dtype {x.dtype} differs from weight dtype {weight.dtype}; cast x to it")
+    return _Linear.apply(x, weight, bias, False)
+
+
+def silu_linear(temb: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``linear(silu(temb).to(weight.dtype), weight, bias)``: diffusers' ``MiniMaxH3AdaLayerNormModulation``.
+
+    The SiLU runs in float32 on temb's values and is rounded to weight's dtype before the product, exactly
+    as diffusers does. temb (..., E) of any float dtype (float32 in the checkpoint); output in weight's
+    dtype; the temb gradient is in temb's dtype, taken through the SiLU in float32.
+    """
+    _check("silu_linear", temb, "temb", weight, bias)
+    if temb.dtype not in DTYPES:
+        raise ValueError(f"silu_linear: temb dtype {temb.dtype} is not supported; use one of {DTYPES}")
+    return _Linear.apply(temb, weight, bias, True)

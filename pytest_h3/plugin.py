@@ -1,0 +1,170 @@
+"""pytest-h3: MiniMax-H3 kernel qualification gates as pytest tests.
+
+Thin glue over the engine (:mod:`h3gate`): options, the ``gate`` and ``h3_gate(kind, **params)`` markers,
+parametrization of gate params (``seeds=[42, 43]`` -> items ``[seed42]``, ``[seed43]``), the ``h3_gate``
+fixture that runs the engine for the marked gate, JUnit properties, and the session's results file.
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+import pytest
+
+from pytest_h3.session import H3Session, SESSION_KEY
+
+MARKER_HELP = (
+    "h3_gate(kind, **params): a qualification gate of kind kernel, block, model or generation; list params "
+    "(seeds=[...], blocks=[...]) become one test item per value"
+)
+_PARAM_IDS = {"seeds": "seed", "blocks": "block"}
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("h3", "pytest-h3: qualification of MiniMax-H3 kernel candidates")
+    group.addoption(
+        "--h3-model",
+        default="tiny",
+        help="model to qualify on: 'tiny' (embedded, CPU-sized), 'small' (embedded, benchmark-sized) or the path of "
+        "a local diffusers MiniMax-H3 checkpoint folder (default: tiny)",
+    )
+    group.addoption(
+        "--h3-candidate",
+        default="h3_triton",
+        help="candidate to qualify, from the h3gate.candidates entry points: 'h3_triton' (default), 'provider' "
+        "(the self-check) or any installed one; options as name:key=value,key=value",
+    )
+    group.addoption(
+        "--h3-device",
+        default="auto",
+        help="device to run on: 'cpu', 'cuda', 'cuda:N' or 'auto' (cuda when a GPU is visible, else cpu; on cpu the "
+        "Triton kernels run under TRITON_INTERPRET=1)",
+    )
+    group.addoption("--h3-out", default="h3-out", help="folder for results, artifacts and evidence (default: h3-out)")
+    group.addoption(
+        "--h3-thresholds",
+        default=None,
+        help="folder of frozen bounds and contracts with its LOCK.json (default: <rootdir>/thresholds)",
+    )
+    group.addoption(
+        "--h3-freeze",
+        action="store_true",
+        help="freeze bounds instead of checking a candidate: run the provider variants only (never the candidate) "
+        "and write bounds under --h3-thresholds; refuses under xdist and refuses to overwrite existing bounds",
+    )
+    group.addoption(
+        "--h3-freeze-force",
+        metavar="REASON",
+        default=None,
+        help="with --h3-freeze: overwrite existing bounds; REASON is recorded in the bounds file",
+    )
+    group.addoption(
+        "--h3-variants",
+        default=None,
+        help="with --h3-freeze: comma-separated provider variants to calibrate from (default: every variant of the "
+        "device; 'h3gate variants' lists them)",
+    )
+    group.addoption("--h3-model-seed", type=int, default=0, help="weight seed of an embedded model (default: 0)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gate: a qualification gate (select the gate suite with -m gate)")
+    config.addinivalue_line("markers", MARKER_HELP)
+    if config.getoption("--h3-freeze"):
+        if getattr(config, "workerinput", None) is not None or _xdist_workers(config):
+            raise pytest.UsageError(
+                "--h3-freeze refuses to run under xdist: freezing writes one bounds file and its lock; run it without -n"
+            )
+    elif config.getoption("--h3-freeze-force") or config.getoption("--h3-variants"):
+        raise pytest.UsageError("--h3-freeze-force and --h3-variants only apply together with --h3-freeze")
+    config.stash[SESSION_KEY] = H3Session(config)
+
+
+def _xdist_workers(config) -> bool:
+    numprocesses = getattr(config.option, "numprocesses", None)
+    return bool(numprocesses) and numprocesses != 0
+
+
+def pytest_sessionstart(session):
+    session.config.stash[SESSION_KEY].verify_thresholds()
+
+
+def pytest_itemcollected(item):
+    if item.get_closest_marker("h3_gate") is not None:
+        item.add_marker(pytest.mark.gate)
+
+
+def pytest_generate_tests(metafunc):
+    marker = metafunc.definition.get_closest_marker("h3_gate")
+    if marker is None:
+        return
+    if not marker.args:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: h3_gate needs a kind, e.g. @pytest.mark.h3_gate('model')")
+    if "h3_gate" not in metafunc.fixturenames:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: a test marked h3_gate must take the h3_gate fixture")
+    h3 = metafunc.config.stash[SESSION_KEY]
+    kind = marker.args[0]
+    lists = {key: value for key, value in marker.kwargs.items() if key in _PARAM_IDS}
+    try:
+        lists = h3.resolve_params(kind, lists, where=metafunc.definition.nodeid)
+    except ValueError as error:
+        raise pytest.UsageError(str(error)) from None
+    if not lists:
+        return
+    (key, values), = lists.items()
+    metafunc.parametrize(
+        "h3_gate",
+        [{_PARAM_IDS[key]: value} for value in values],
+        ids=[f"{_PARAM_IDS[key]}{value}" for value in values],
+        indirect=True,
+    )
+
+
+@pytest.fixture
+def h3_session(request) -> H3Session:
+    """The session's model, candidate, device, thresholds and results."""
+    return request.config.stash[SESSION_KEY]
+
+
+@pytest.fixture
+def h3_gate(request, h3_session, record_property):
+    """The gate of this test's ``h3_gate`` marker, ready to ``run()`` (check, or freeze under --h3-freeze)."""
+    marker = request.node.get_closest_marker("h3_gate")
+    if marker is None:
+        raise pytest.UsageError(f"{request.node.nodeid} uses the h3_gate fixture but has no h3_gate marker")
+    params = dict(getattr(request, "param", {}) or {})
+    options = {key: value for key, value in marker.kwargs.items() if key not in _PARAM_IDS}
+    return h3_session.gate(marker.args[0], params, options, request.node, record_property)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    h3 = session.config.stash.get(SESSION_KEY, None)
+    if h3 is not None:
+        h3.finish(exitstatus)
+
+
+def freeze_command(config, nodeid: str) -> str:
+    """The exact command that freezes the bounds a gate item needs."""
+    parts = [
+        "pytest",
+        nodeid,
+        "--h3-freeze",
+        f"--h3-model={config.getoption('--h3-model')}",
+        f"--h3-device={config.getoption('--h3-device')}",
+    ]
+    if config.getoption("--h3-thresholds"):
+        parts.append(f"--h3-thresholds={config.getoption('--h3-thresholds')}")
+    return " ".join(shlex.quote(part) for part in parts)
+
+
+def terminal_write(config, text: str) -> None:
+    """Write to the terminal past pytest's output capture (progress of long phases)."""
+    capture = config.pluginmanager.getplugin("capturemanager")
+    if capture is None:
+        sys.stderr.write(text)
+        return
+    with capture.global_and_fixture_disabled():
+        sys.stderr.write(text)
+        sys.stderr.flush()
+

@@ -1,0 +1,44 @@
+"""Progress bars for gate phases that take more than a few seconds, drawn past pytest's capture.
+
+tqdm draws the bar (the field's standard, with ETA); it writes through pytest's capture manager so the bar
+reaches the terminal while the test's own output stays captured.
+"""
+
+from __future__ import annotations
+
+from tqdm import tqdm
+
+
+class _Terminal:
+    def __init__(self, config):
+        self.config = config
+
+    def write(self, text: str) -> None:
+        from pytest_h3.plugin import terminal_write
+
+        terminal_write(self.config, text)
+
+    def flush(self) -> None:
+        pass
+
+
+class Progress:
+    """``with Progress(config, label, total) as bar: bar.step("phase")`` - one tick per finished phase."""
+
+    def __init__(self, config, label: str, total: int):
+        self.bar = tqdm(total=total, desc=label, unit="phase", file=_Terminal(config), leave=False, dynamic_ncols=True)
+        self.started = False
+
+    def step(self, phase: str) -> None:
+        if self.started:
+            self.bar.update(1)
+        self.started = True
+        self.bar.set_postfix_str(phase)
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.started:
+            self.bar.update(1)
+        self.bar.close()

@@ -1,0 +1,174 @@
+"""The state one pytest session shares across gate items: options, device, model, candidate, results.
+
+Heavy things (the model, the candidate) are built on first use, once per process, so collecting or
+deselecting gates costs nothing. Each gate item becomes a :class:`h3gate.verdict.GateResult`; the session
+keeps them and writes ``results.json`` under ``--h3-out`` when it ends.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from h3gate import bounds as bounds_mod
+from h3gate.files import write_json
+from h3gate.presets import TRANSFORMER_CONFIGS
+from h3gate.verdict import Check, GateResult
+
+SESSION_KEY = pytest.StashKey["H3Session"]()
+
+
+class H3Session:
+    def __init__(self, config):
+        self.config = config
+        self.freezing = bool(config.getoption("--h3-freeze"))
+        self.device = self._resolve_device(config.getoption("--h3-device"))
+        if self.device == "cpu":
+            # Triton kernels reach CPU tensors only through the interpreter; it must be on before triton loads.
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        self.out = Path(config.getoption("--h3-out"))
+        thresholds = config.getoption("--h3-thresholds")
+        self.thresholds = Path(thresholds) if thresholds else Path(config.rootpath) / "thresholds"
+        self.results: dict[str, dict] = {}
+        self._model = None
+        self._candidate = None
+
+    @staticmethod
+    def _resolve_device(option: str) -> str:
+        import torch
+
+        if option == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if option.startswith("cuda") and not torch.cuda.is_available():
+            raise pytest.UsageError(f"--h3-device={option} but no CUDA device is visible; use --h3-device=cpu")
+        if option != "cpu" and not option.startswith("cuda"):
+            raise pytest.UsageError(f"--h3-device={option!r} is not cpu, cuda, cuda:N or auto")
+        return option
+
+    # Lazily built shared objects ------------------------------------------------------------------------
+
+    @property
+    def model(self):
+        if self._model is None:
+            from h3gate.model import ModelError, load_model
+
+            try:
+                self._model = load_model(self.config.getoption("--h3-model"), self.config.getoption("--h3-model-seed"))
+            except ModelError as error:
+                raise pytest.UsageError(f"--h3-model: {error}") from None
+        return self._model
+
+    @property
+    def candidate(self):
+        if self._candidate is None:
+            from h3gate.candidates import CandidateError, load
+
+            try:
+                self._candidate = load(self.config.getoption("--h3-candidate"))
+            except CandidateError as error:
+                raise pytest.UsageError(f"--h3-candidate: {error}") from None
+        return self._candidate
+
+    def model_config(self) -> dict:
+        """The transformer config without loading weights (collection-time checks)."""
+        spec = self.config.getoption("--h3-model")
+        if spec in TRANSFORMER_CONFIGS:
+            return TRANSFORMER_CONFIGS[spec]
+        return self.model.config
+
+    # Collection -----------------------------------------------------------------------------------------
+
+    def resolve_params(self, kind: str, lists: dict, where: str) -> dict:
+        """Validate a marker's kind and list params; an empty, duplicate or out-of-range list is an error."""
+        from pytest_h3.gates import RUNNERS
+
+        if kind not in RUNNERS:
+            raise ValueError(f"{where}: unknown gate kind {kind!r}; kinds: {', '.join(RUNNERS)}")
+        if len(lists) > 1:
+            raise ValueError(f"{where}: one list parameter per gate test, got {sorted(lists)}")
+        for key, values in lists.items():
+            if not isinstance(values, (list, tuple)) or not values:
+                raise ValueError(f"{where}: {key} must be a non-empty list, got {values!r}")
+            if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
+                raise ValueError(f"{where}: {key} must be integers, got {values!r}")
+            duplicates = sorted({v for v in values if list(values).count(v) > 1})
+            if duplicates:
+                raise ValueError(f"{where}: {key} lists {duplicates} more than once")
+            if key == "blocks":
+                layers = self.model_config()["num_layers"]
+                bad = [v for v in values if not 0 <= v < layers]
+                if bad:
+                    raise ValueError(f"{where}: block indices {bad} out of range: the model has blocks 0..{layers - 1}")
+        return lists
+
+    # Session start and end ------------------------------------------------------------------------------
+
+    def verify_thresholds(self) -> None:
+        if not self.thresholds.is_dir():
+            return
+        try:
+            bounds_mod.verify_lock(self.thresholds)
+        except (bounds_mod.BoundsError, ValueError) as error:
+            raise pytest.UsageError(str(error)) from None
+
+    def record(self, nodeid: str, result: GateResult) -> None:
+        self.results[nodeid] = result.to_json()
+
+    def finish(self, exitstatus) -> None:
+        if not self.results or getattr(self.config, "workerinput", None) is not None:
+            return
+        write_json(self.out / "results.json", {"schema": "h3gate.results/1", "results": self.results})
+
+    # Gates ----------------------------------------------------------------------------------------------
+
+    def gate(self, kind, params, options, node, record_property) -> "GateItem":
+        return GateItem(self, kind, params, options, node, record_property)
+
+
+class GateItem:
+    """One gate test item: ``run()`` checks the candidate (or freezes bounds) and records the result."""
+
+    def __init__(self, session: H3Session, kind, params, options, node, record_property):
+        self.session = session
+        self.kind = kind
+        self.params = params
+        self.options = options
+        self.node = node
+        self.record_property = record_property
+
+    def run(self) -> GateResult:
+        from pytest_h3.gates import RUNNERS
+
+        result = RUNNERS[self.kind](self)
+        self.session.record(self.node.nodeid, result)
+        self.record_property("h3_gate", self.kind)
+        self.record_property("h3_passed", result.passed)
+        self.record_property("h3_summary", result.summary())
+        if result.checks:
+            self.record_property("h3_worst_ratio", round(max(c.ratio for c in result.checks), 6))
+        if result.context.get("bounds_sha256"):
+            self.record_property("h3_bounds_sha256", result.context["bounds_sha256"])
+        return result
+
+    def missing_bounds(self, error: Exception) -> GateResult:
+        """Missing or unusable bounds fail the gate and say exactly how to freeze them."""
+        from pytest_h3.plugin import freeze_command
+
+        reason = f"{error}; freeze them with: {freeze_command(self.session.config, self.node.nodeid)}"
+        return GateResult(self.kind, self.params, [Check("bounds", "bounds", 1.0, 0.0, False, {"reason": reason})])
+
+    def frozen(self, frozen: bounds_mod.Bounds) -> GateResult:
+        """The outcome of a freeze item: bounds written (and which cannot discriminate)."""
+        detail = {
+            "reason": f"froze {len(frozen.bounds)} bounds into {frozen.path} from {', '.join(frozen.sources)}",
+            "non_discriminating": frozen.non_discriminating,
+        }
+        return GateResult(self.kind, self.params, [Check("bounds", "frozen", 0.0, 0.0, True, detail)], {"bounds_file": str(frozen.path)})
+
+    def progress(self, total: int):
+        from pytest_h3.progress import Progress
+
+        return Progress(self.session.config, f"{self.kind} gate", total)
+

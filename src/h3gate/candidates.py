@@ -1,0 +1,114 @@
+"""Candidates: what a gate qualifies, found through the ``h3gate.candidates`` entry-point group.
+
+A candidate installs into a diffusers ``MiniMaxH3Transformer3DModel`` and is removed again cleanly. The
+engine reaches kernels only through this registry, so any package can offer a candidate by declaring an
+entry point; tests and plugins register in-process ones with :func:`register`. ``provider`` is built in and
+changes nothing: qualifying it is the self-check of the whole tool chain.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Callable
+
+GROUP = "h3gate.candidates"
+_registered: dict[str, Callable[..., "Candidate"]] = {}
+
+
+class CandidateError(ValueError):
+    """An unknown candidate or one that misbehaves (fails to install, returns bad output)."""
+
+
+class Candidate:
+    """Base class: a name, an identity, and install/remove into a transformer."""
+
+    name = "candidate"
+
+    def identity(self) -> dict:
+        """JSON-ready facts that pin this candidate's arithmetic (name, version, source digest, options)."""
+        return {"name": self.name}
+
+    def install(self, transformer):
+        """Install into ``transformer``; return a handle whose ``remove()`` undoes it."""
+        raise CandidateError(f"candidate {self.name} does not implement install()")
+
+    def kernel_ops(self) -> dict[str, Callable]:
+        """The candidate's standalone ops for the kernel gate (name -> function); none by default."""
+        return {}
+
+    @contextlib.contextmanager
+    def installed(self, transformer):
+        handle = self.install(transformer)
+        try:
+            yield transformer
+        finally:
+            handle.remove()
+
+
+class _Nothing:
+    def remove(self) -> None:
+        pass
+
+
+class ProviderCandidate(Candidate):
+    """The provider itself: installs nothing."""
+
+    name = "provider"
+
+    def install(self, transformer):
+        return _Nothing()
+
+
+def source_digest(*roots: Path) -> str:
+    """sha256 over the relative paths and bytes of every ``.py`` file under ``roots``: a candidate's code identity."""
+    digest = hashlib.sha256()
+    for root in roots:
+        root = Path(root)
+        for path in sorted(root.rglob("*.py")):
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+            digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
+def register(name: str, factory: Callable[..., Candidate]) -> None:
+    """Register an in-process candidate factory (takes the options of the candidate spec)."""
+    _registered[name] = factory
+
+
+def unregister(name: str) -> None:
+    _registered.pop(name, None)
+
+
+def available() -> dict[str, Callable[..., Candidate]]:
+    """Every candidate factory: entry points first, in-process registrations over them."""
+    found = {ep.name: ep for ep in entry_points(group=GROUP)}
+    factories: dict[str, Callable[..., Candidate]] = {name: (lambda ep=ep, **kw: ep.load()(**kw)) for name, ep in found.items()}
+    factories.update(_registered)
+    return factories
+
+
+def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
+    """``name`` or ``name:key=value,key=value`` -> (name, options)."""
+    name, _, rest = spec.partition(":")
+    options = {}
+    for item in filter(None, rest.split(",")):
+        key, equals, value = item.partition("=")
+        if not equals or not key:
+            raise CandidateError(f"candidate option {item!r} in {spec!r} is not key=value")
+        options[key] = value
+    return name, options
+
+
+def load(spec: str) -> Candidate:
+    """The candidate named by ``spec`` (see :func:`parse_spec`)."""
+    name, options = parse_spec(spec)
+    factories = available()
+    if name not in factories:
+        raise CandidateError(f"unknown candidate {name!r}; available: {', '.join(sorted(factories)) or 'none'}")
+    candidate = factories[name](**options)
+    if not isinstance(candidate, Candidate):
+        raise CandidateError(f"candidate {name!r} factory returned {type(candidate).__name__}, not an h3gate Candidate")
+    return candidate

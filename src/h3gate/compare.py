@@ -1,0 +1,72 @@
+"""Compare a tensor with its reference: relative L2, max abs, ULP distances, non-finite counts.
+
+relative_l2 = ||x - ref|| / ||ref|| with both norms accumulated in float64, so the metric itself adds no
+error at any tensor size. ULP distances are measured in ``x``'s own dtype after rounding the reference to
+it: the integer distance between the two bit patterns on the monotone (sign-magnitude folded) number line,
+so 0 means bitwise equal and 1 means adjacent representable values. All of it is vectorized torch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_INT_OF = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float64: torch.int64}
+
+
+def relative_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """||x - ref|| / ||ref|| in float64; 0 when both are zero, inf when only ref is zero."""
+    x64, ref64 = x.detach().double(), ref.detach().double()
+    denominator = torch.linalg.vector_norm(ref64).item()
+    numerator = torch.linalg.vector_norm(x64 - ref64).item()
+    if denominator == 0.0:
+        return 0.0 if numerator == 0.0 else math.inf
+    return numerator / denominator
+
+
+def _ordered(bits: torch.Tensor, width: int) -> torch.Tensor:
+    """Map IEEE bit patterns (as signed ints) onto a monotone integer line, in int64."""
+    bits = bits.to(torch.int64)
+    sign_mask = 1 << (width - 1)
+    return torch.where(bits < 0, -(bits & (sign_mask - 1)), bits)
+
+
+def ulp_distance(x: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """Elementwise ULP distance (int64) between ``x`` and ``ref`` rounded to ``x.dtype``."""
+    dtype = x.dtype
+    if dtype not in _INT_OF:
+        raise TypeError(f"ULP distance is defined for floating tensors, got {dtype}")
+    int_dtype = _INT_OF[dtype]
+    width = torch.iinfo(int_dtype).bits
+    a = _ordered(x.detach().contiguous().view(int_dtype), width)
+    b = _ordered(ref.detach().to(dtype).contiguous().view(int_dtype), width)
+    return (a - b).abs()
+
+
+def compare(x: torch.Tensor, ref: torch.Tensor) -> dict:
+    """Every metric of ``x`` against ``ref`` as a JSON-ready dict."""
+    if x.shape != ref.shape:
+        raise ValueError(f"shape {tuple(x.shape)} differs from the reference's {tuple(ref.shape)}")
+    x, ref = x.detach().cpu(), ref.detach().cpu()
+    finite = torch.isfinite(x)
+    result = {
+        "relative_l2": relative_l2(x, ref),
+        "max_abs": (x.double() - ref.double()).abs().max().item() if x.numel() else 0.0,
+        "nan": int(torch.isnan(x).sum()),
+        "inf": int(torch.isinf(x).sum()),
+        "all_zero": bool(x.numel() and not x.any()),
+        "reference_all_zero": bool(ref.numel() and not ref.any()),
+        "dtype": str(x.dtype).removeprefix("torch."),
+        "numel": x.numel(),
+    }
+    ulp = ulp_distance(x, ref)[finite] if x.numel() else torch.zeros(0, dtype=torch.int64)
+    if ulp.numel():
+        ulp_float = ulp.double()
+        result.update(
+            ulp_max=int(ulp.max()),
+            ulp_mean=ulp_float.mean().item(),
+            ulp_p99=ulp_float.kthvalue(max(1, math.ceil(0.99 * ulp.numel()))).values.item(),
+            bitwise_equal_fraction=(ulp == 0).double().mean().item(),
+        )
+    return result

@@ -1,0 +1,96 @@
+"""Reading and writing the tool's files: atomic writes, digests, and one error type for a bad file.
+
+Every file is written to a temporary sibling, flushed, fsynced and renamed over the target, so a crash or
+a full disk leaves the old file or none, never half of one. JSON is written one value per line with sorted
+keys, so a bounds file diffs readably in review.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+
+
+class FileFormatError(ValueError):
+    """A file the tool reads is missing, unreadable or not what it should be; the message names the file."""
+
+    def __init__(self, path: str | os.PathLike, reason: str):
+        self.path = Path(path)
+        super().__init__(f"{path}: {reason}")
+
+
+def sha256_file(path: str | os.PathLike) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def dumps(value) -> str:
+    """Canonical JSON text: sorted keys, one value per line."""
+    return json.dumps(value, indent=1, sort_keys=True, allow_nan=True) + "\n"
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
+    """Write ``data`` to ``path`` through a temporary file, fsync and rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            stream.write(data)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def write_json(path: str | os.PathLike, value) -> None:
+    write_atomic(path, dumps(value))
+
+
+def read_json(path: str | os.PathLike, what: str) -> dict:
+    """A JSON object from ``path``; anything else is a :class:`FileFormatError` saying it is not a ``what``."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise FileFormatError(path, f"missing ({what} expected)") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise FileFormatError(path, f"unreadable {what}: {error}") from error
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise FileFormatError(path, f"not valid JSON ({error}); expected a {what}") from error
+    if not isinstance(value, dict):
+        raise FileFormatError(path, f"expected a JSON object ({what}), found {type(value).__name__}")
+    return value
+
+
+def require(path, data: dict, key: str, types, what: str):
+    """``data[key]`` checked against ``types``; a missing or mistyped field names the file and the field."""
+    if key not in data:
+        raise FileFormatError(path, f"{what} lacks the field {key!r}")
+    value = data[key]
+    if isinstance(value, bool) and bool not in (types if isinstance(types, tuple) else (types,)):
+        raise FileFormatError(path, f"{what} field {key!r} must be {_names(types)}, found a boolean")
+    if not isinstance(value, types):
+        raise FileFormatError(path, f"{what} field {key!r} must be {_names(types)}, found {type(value).__name__}")
+    return value
+
+
+def _names(types) -> str:
+    types = types if isinstance(types, tuple) else (types,)
+    return " or ".join(t.__name__ for t in types)

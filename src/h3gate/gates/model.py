@@ -1,0 +1,129 @@
+"""The ``model`` gate: the whole transformer, forward and backward, at the contract input.
+
+Freeze (provider configurations only, never the candidate): golden, then the provider and every variant;
+their relative L2 to golden per tap gives the bounds by the ensemble rule. Check: golden, the provider (for
+the report) and the candidate; per tap the candidate's relative L2 to golden must not exceed its bound;
+the run's tap inventory must equal the bounds' keys; a gradient that is exactly zero where golden's is not
+fails whatever its bound; non-finite output is an error naming the tap.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from h3gate import bounds as bounds_mod
+from h3gate import numerics
+from h3gate.candidates import Candidate
+from h3gate.contract import ModelContract, model_inputs
+from h3gate.files import sha256_file
+from h3gate.measure import errors_against, run_taps, timed
+from h3gate.model import Model
+from h3gate.verdict import Check, GateResult
+
+GATE = "model"
+
+
+def freeze(
+    model: Model,
+    contract: ModelContract,
+    device: str,
+    thresholds: Path,
+    variant_names: list[str] | None = None,
+    force_reason: str | None = None,
+    progress=lambda message: None,
+) -> bounds_mod.Bounds:
+    """Measure the provider configurations against golden and freeze the ensemble bounds (and lock them)."""
+    inputs, upstream = model_inputs(contract, model.config)
+    device_class = bounds_mod.device_class(device)
+    path = bounds_mod.bounds_path(thresholds, model.name, device_class, GATE)
+    bounds_mod.refuse_overwrite(path, force_reason)  # before minutes of measuring, not after
+    modes = [numerics.PROVIDER] + [
+        numerics.get(name, device) for name in (variant_names or [m.name for m in numerics.variants(device)])
+    ]
+    timings: dict[str, float] = {}
+    progress("golden")
+    with timed(timings, "golden"):
+        golden = run_taps(model, device, numerics.GOLDEN, inputs, upstream)
+    errors = {}
+    for mode in modes:
+        progress(mode.name)
+        with timed(timings, mode.name):
+            store = run_taps(model, device, mode, inputs, upstream)
+        errors[mode.name] = {tap: metrics["relative_l2"] for tap, metrics in errors_against(store, golden).items()}
+    table, kept, providers, dropped = bounds_mod.ensemble(errors)
+    frozen = bounds_mod.Bounds(
+        gate=GATE,
+        model_identity=model.identity,
+        device_class=device_class,
+        bounds=table,
+        errors=kept,
+        sources=[mode.name for mode in modes],
+        providers=providers,
+        duplicates_dropped=dropped,
+        provenance=bounds_mod.provenance(
+            {"model_source": model.source, "contract": contract.to_json(), "timings_s": timings}
+        ),
+    )
+    bounds_mod.save(frozen, path, thresholds, force_reason)
+    return frozen
+
+
+def check(
+    model: Model,
+    candidate: Candidate,
+    contract: ModelContract,
+    frozen: bounds_mod.Bounds,
+    device: str,
+    progress=lambda message: None,
+) -> GateResult:
+    """Qualify ``candidate`` against frozen bounds."""
+    inputs, upstream = model_inputs(contract, model.config)
+    timings: dict[str, float] = {}
+    progress("golden")
+    with timed(timings, "golden"):
+        golden = run_taps(model, device, numerics.GOLDEN, inputs, upstream)
+    progress("provider")
+    with timed(timings, "provider"):
+        provider = run_taps(model, device, numerics.PROVIDER, inputs, upstream)
+    progress(f"candidate {candidate.name}")
+    with timed(timings, "candidate"):
+        measured = run_taps(model, device, numerics.PROVIDER, inputs, upstream, candidate=candidate)
+    with timed(timings, "compare"):
+        candidate_errors = errors_against(measured, golden)
+        provider_errors = errors_against(provider, golden)
+    checks = inventory_checks(set(measured), set(frozen.bounds))
+    for tap in measured:
+        if tap not in frozen.bounds:
+            continue
+        metrics = candidate_errors[tap]
+        detail = {"max_abs": metrics["max_abs"], "provider_relative_l2": provider_errors[tap]["relative_l2"]}
+        if bounds_mod.tap_kind(tap) == "gradient" and metrics["all_zero"] and not metrics["reference_all_zero"]:
+            checks.append(
+                Check(tap, "zero_gradient", 1.0, 0.0, False, {**detail, "reason": "exactly zero where golden's is not"})
+            )
+        checks.append(Check(tap, "relative_l2", metrics["relative_l2"], frozen.bounds[tap], metrics["relative_l2"] <= frozen.bounds[tap], detail))
+    return GateResult(
+        gate=GATE,
+        params={},
+        checks=checks,
+        context={
+            "bounds_file": str(frozen.path),
+            "bounds_sha256": sha256_file(frozen.path) if frozen.path else "",
+            "model_identity": model.identity,
+            "candidate": candidate.identity(),
+            "device_class": frozen.device_class,
+            "non_discriminating": frozen.non_discriminating,
+        },
+        metrics={"candidate": candidate_errors, "provider": provider_errors},
+        timings=timings,
+    )
+
+
+def inventory_checks(measured: set[str], expected: set[str]) -> list[Check]:
+    """The run's taps must be exactly the bounds' keys: a missing or extra tap is a failed check."""
+    checks = []
+    for tap in sorted(expected - measured):
+        checks.append(Check(tap, "inventory", 1.0, 0.0, False, {"reason": "tap has a bound but was not recorded"}))
+    for tap in sorted(measured - expected):
+        checks.append(Check(tap, "inventory", 1.0, 0.0, False, {"reason": "tap was recorded but has no bound"}))
+    return checks

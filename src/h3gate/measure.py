@@ -1,0 +1,68 @@
+"""One measured run: a model under a numerics mode, optionally with a candidate installed, taps recorded.
+
+This is the middle floor every gate stands on: model factory -> numerics mode -> run with taps. The
+candidate is always removed again, also when the run raises, so the next run sees the provider.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from h3gate import numerics, taps
+from h3gate.candidates import Candidate, CandidateError
+from h3gate.compare import compare
+from h3gate.model import Model
+
+
+def run_taps(
+    model: Model,
+    device: str,
+    mode: numerics.Mode,
+    inputs: dict,
+    upstream: dict,
+    candidate: Candidate | None = None,
+    nodes=taps.MODEL_NODES,
+    internal=(),
+    store: taps.TapStore | None = None,
+) -> taps.TapStore:
+    """Forward+backward of the whole transformer at ``inputs``; every tap into ``store``."""
+    if candidate is not None and mode.fp32_weights:
+        raise ValueError("a candidate runs at checkpoint precision, not under the golden mode")
+    transformer = model.golden_transformer() if mode.fp32_weights else model.transformer
+    transformer.to(device)
+    store = store if store is not None else taps.TapStore()
+    installed = candidate.installed(transformer) if candidate is not None else contextlib.nullcontext()
+    with numerics.activate(mode), installed:
+        taps.forward_backward(numerics.runner(mode, transformer), transformer, inputs, upstream, store, nodes, internal)
+    if candidate is not None:
+        _check_finite(store, candidate)
+    return store
+
+
+def _check_finite(store: taps.TapStore, candidate: Candidate) -> None:
+    """NaN or Inf from a candidate is an error that names the first tap it reached, not a large error."""
+    for name in store:
+        tensor = store[name]
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+            raise CandidateError(
+                f"candidate {candidate.name} produced non-finite values in {name} ({nan} NaN, {inf} Inf of "
+                f"{tensor.numel()}); run the kernel gate to find the op"
+            )
+
+
+def errors_against(store: taps.TapStore, reference: taps.TapStore) -> dict[str, dict]:
+    """Every tap of ``store`` compared with the same tap of ``reference`` (see :func:`h3gate.compare.compare`)."""
+    return {name: compare(store[name], reference[name]) for name in store if name in reference}
+
+
+@contextlib.contextmanager
+def timed(timings: dict, phase: str):
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - start

@@ -1,0 +1,195 @@
+"""The model factory: the embedded presets built in-process, or a local diffusers MiniMax-H3 checkpoint.
+
+Whatever the source, the result is a :class:`Model`: the transformer at the checkpoint's own mixed precision
+(bf16 blocks, the fp32 modules diffusers keeps in float32), its config and its *identity* — a digest of
+config and weights that bounds, contracts and evidence are keyed by.
+
+The embedded presets are initialised so that every op visibly matters (H3_FACTS: with diffusers' default
+init attention is nearly uniform and a broken attention hides in bf16 noise): Q/K RMSNorm weights of 1.5-3
+make attention peaky, as in trained models; norm weights scatter around 1 so a missing weight shows; the
+AdaLN projection yields shift/scale/gate tables of order 0.5 that differ per modality, so a modulation row
+of the wrong modality shows. Weights are drawn in float32 from one seeded generator in sorted name order
+(bitwise identical across runs and processes), then rounded to the checkpoint precision, so golden (the
+fp32 upcast of the checkpoint) and provider share exactly the same weights.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from diffusers import MiniMaxH3Transformer3DModel
+
+from h3gate.presets import PRESETS, TRANSFORMER_CONFIGS
+
+TRANSFORMER_CLASS = "MiniMaxH3Transformer3DModel"
+DIGEST_CACHE = Path(os.environ.get("H3GATE_CACHE", Path.home() / ".cache" / "h3gate")) / "file-digests.json"
+
+
+class ModelError(ValueError):
+    """A model source that cannot be used: names the source and what is wrong with it."""
+
+
+@dataclass
+class Model:
+    """A transformer at checkpoint precision with its identity."""
+
+    name: str  # preset name or checkpoint folder name; names the thresholds/ folder
+    source: str  # "preset:<name>:seed=<n>" or the checkpoint path
+    transformer: MiniMaxH3Transformer3DModel
+    identity: str  # sha256 hex of config + weights
+    config: dict = field(default_factory=dict)
+
+    def golden_transformer(self) -> MiniMaxH3Transformer3DModel:
+        """A float32 copy of the checkpoint weights: the golden run's model."""
+        return copy.deepcopy(self.transformer).float()
+
+
+def keeps_fp32(param_name: str, transformer_cls=MiniMaxH3Transformer3DModel) -> bool:
+    """diffusers' own rule (model_loading_utils): a listed module name is one dotted component of the name."""
+    return any(keep in param_name.split(".") for keep in transformer_cls._keep_in_fp32_modules)
+
+
+def _init_embedded(transformer: MiniMaxH3Transformer3DModel, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    hidden = transformer.config.hidden_size
+    with torch.no_grad():
+        for name, param in sorted(transformer.named_parameters()):
+            shape = param.shape
+            if name.endswith(("norm_q.weight", "norm_k.weight")):
+                value = 1.5 + 1.5 * torch.rand(shape, generator=generator)
+            elif param.ndim == 1 and "norm" in name.split(".")[-2]:
+                value = 1.0 + 0.25 * torch.randn(shape, generator=generator)
+            elif name.endswith("adaln_proj.linear.weight") or name.endswith("norm_out.linear.weight"):
+                value = torch.randn(shape, generator=generator) * (0.5 / shape[1] ** 0.5)
+            elif name.endswith("adaln_proj.linear.bias"):
+                # shift, scale and gate for each modality: order 0.3 around zero, gates around 0.5.
+                value = 0.3 * torch.randn(shape, generator=generator)
+                gates = value.view(-1, 6, hidden)[:, (2, 5)]
+                value.view(-1, 6, hidden)[:, (2, 5)] = gates + 0.5
+            elif param.ndim == 1:
+                value = 0.1 * torch.randn(shape, generator=generator)
+            else:
+                value = torch.randn(shape, generator=generator) / shape[1] ** 0.5
+            param.copy_(value)
+
+
+def _to_checkpoint_precision(transformer: MiniMaxH3Transformer3DModel) -> None:
+    for name, param in transformer.named_parameters():
+        if not keeps_fp32(name):
+            param.data = param.data.to(torch.bfloat16)
+
+
+def _tensor_digest(state: dict) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(state):
+        tensor = state[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _identity(config: dict, weights_digest: str) -> str:
+    canonical = json.dumps({"config": config, "weights": weights_digest}, sort_keys=True, default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def _plain_config(transformer) -> dict:
+    return json.loads(json.dumps({k: v for k, v in transformer.config.items() if not k.startswith("_")}, default=list))
+
+
+def build_preset(name: str, seed: int = 0) -> Model:
+    """An embedded preset (``tiny`` or ``small``) at checkpoint precision."""
+    if name not in TRANSFORMER_CONFIGS:
+        raise ModelError(f"unknown model preset {name!r}; presets: {', '.join(PRESETS)}, or a checkpoint folder path")
+    transformer = MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIGS[name])
+    _init_embedded(transformer, seed)
+    _to_checkpoint_precision(transformer)
+    transformer.eval()
+    config = _plain_config(transformer)
+    identity = _identity(config, _tensor_digest(dict(transformer.named_parameters())))
+    return Model(name=name, source=f"preset:{name}:seed={seed}", transformer=transformer, identity=identity, config=config)
+
+
+def _transformer_folder(path: Path) -> Path:
+    """The folder holding the transformer's config.json: the checkpoint root's transformer/ or the folder itself."""
+    if not path.is_dir():
+        raise ModelError(f"checkpoint path {path} is not a folder; pass a diffusers MiniMax-H3 checkpoint folder")
+    for candidate in (path / "transformer", path):
+        config_path = candidate / "config.json"
+        if config_path.is_file():
+            try:
+                class_name = json.loads(config_path.read_text()).get("_class_name")
+            except json.JSONDecodeError as error:
+                raise ModelError(f"{config_path} is not valid JSON ({error}); the checkpoint is damaged") from error
+            if class_name != TRANSFORMER_CLASS:
+                raise ModelError(
+                    f"{config_path} describes a {class_name!r}, not a {TRANSFORMER_CLASS}: {path} is not a MiniMax-H3 "
+                    "checkpoint"
+                )
+            return candidate
+    raise ModelError(
+        f"{path} is not a MiniMax-H3 checkpoint: missing transformer/config.json (with _class_name "
+        f"{TRANSFORMER_CLASS!r}) and transformer/*.safetensors"
+    )
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file, cached by (path, size, mtime) so a 100 GB checkpoint is hashed once, not every run."""
+    from filelock import FileLock
+
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    DIGEST_CACHE.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(DIGEST_CACHE) + ".lock"):
+        cache = json.loads(DIGEST_CACHE.read_text()) if DIGEST_CACHE.is_file() else {}
+        if key in cache:
+            return cache[key]
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(chunk)
+    with FileLock(str(DIGEST_CACHE) + ".lock"):
+        cache = json.loads(DIGEST_CACHE.read_text()) if DIGEST_CACHE.is_file() else {}
+        cache[key] = digest.hexdigest()
+        temporary = DIGEST_CACHE.with_suffix(".tmp")
+        temporary.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        os.replace(temporary, DIGEST_CACHE)
+    return digest.hexdigest()
+
+
+def load_checkpoint(path: str | os.PathLike) -> Model:
+    """A local diffusers MiniMax-H3 checkpoint folder, loaded offline at its own mixed precision."""
+    path = Path(path)
+    folder = _transformer_folder(path)
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        raise ModelError(f"{folder} has a MiniMax-H3 config.json but no *.safetensors weight files")
+    transformer = MiniMaxH3Transformer3DModel.from_pretrained(folder, torch_dtype=torch.bfloat16, local_files_only=True)
+    # Parameters loaded from an unaligned mmap take another GEMM path on CPU (H3_FACTS): own them.
+    for param in transformer.parameters():
+        param.data = param.data.clone()
+    transformer.eval()
+    config = _plain_config(transformer)
+    weights_digest = hashlib.sha256("".join(f"{w.name}:{file_digest(w)}|" for w in weights).encode()).hexdigest()
+    return Model(
+        name=path.resolve().name,
+        source=str(path.resolve()),
+        transformer=transformer,
+        identity=_identity(config, weights_digest),
+        config=config,
+    )
+
+
+def load_model(spec: str, seed: int = 0) -> Model:
+    """``tiny``/``small`` (embedded) or the path of a checkpoint folder."""
+    if spec in TRANSFORMER_CONFIGS:
+        return build_preset(spec, seed)
+    if os.sep in spec or Path(spec).exists():
+        return load_checkpoint(spec)
+    raise ModelError(f"unknown model {spec!r}: use one of {', '.join(PRESETS)} or the path of a checkpoint folder")

@@ -1,0 +1,138 @@
+"""Numerics modes: golden, provider and the provider variants, each a scoped change of global state.
+
+A mode is the weights it runs (fp32 copy or checkpoint precision), the process-wide switches it sets
+(attention backend, TF32, matmul precision, BLAS library, threads) and optionally a wrapper of the model
+(``torch.compile``). :func:`activate` snapshots *every* switch any mode touches before applying the mode and
+restores all of them on exit, also when the body raises — a leaked BLAS choice once contaminated the next
+seed of a qualification run.
+
+Variants exist so bounds can be calibrated from the spread of legitimate provider arithmetic. On CPU only
+``sdpa-math`` and ``compiled`` change the arithmetic (H3_FACTS: flash SDPA, one thread and oneDNN off are
+bitwise equal to the provider); the bounds module drops such duplicates and records that it did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    description: str
+    fp32_weights: bool = False
+    attention_backend: str | None = None
+    tf32: bool | None = None
+    matmul_precision: str | None = None
+    blas: str | None = None
+    threads: int | None = None
+    compiled: bool = False
+
+    @property
+    def is_variant(self) -> bool:
+        return self.name not in ("golden", "provider")
+
+
+GOLDEN = Mode(
+    "golden",
+    "fp32 copy of the weights, math SDPA, TF32 off, highest matmul precision",
+    fp32_weights=True,
+    attention_backend="_native_math",
+    tf32=False,
+    matmul_precision="highest",
+)
+PROVIDER = Mode("provider", "checkpoint precision, default backends")
+
+_CPU_VARIANTS = (
+    Mode("sdpa-math", "provider with SDPA forced to the math kernel", attention_backend="_native_math"),
+    Mode("sdpa-flash", "provider with SDPA forced to the CPU flash kernel", attention_backend="_native_flash"),
+    Mode("threads-1", "provider on one intra-op thread", threads=1),
+    Mode("compiled", "provider under torch.compile (inductor fuses and keeps intermediates in fp32)", compiled=True),
+)
+_CUDA_VARIANTS = (
+    Mode("sdpa-flash", "provider with SDPA forced to flash attention", attention_backend="_native_flash"),
+    Mode("sdpa-efficient", "provider with SDPA forced to memory-efficient attention", attention_backend="_native_efficient"),
+    Mode("sdpa-cudnn", "provider with SDPA forced to cuDNN attention", attention_backend="_native_cudnn"),
+    Mode("sdpa-math", "provider with SDPA forced to the math kernel", attention_backend="_native_math"),
+    Mode("blas-cublaslt", "provider with cuBLASLt as the BLAS library", blas="cublaslt"),
+    Mode("compiled", "provider under torch.compile (inductor fuses and keeps intermediates in fp32)", compiled=True),
+)
+
+
+def device_type(device: str | torch.device) -> str:
+    return torch.device(device).type
+
+
+def variants(device: str | torch.device) -> tuple[Mode, ...]:
+    """The provider variants that exist on ``device``'s type."""
+    return _CUDA_VARIANTS if device_type(device) == "cuda" else _CPU_VARIANTS
+
+
+def get(name: str, device: str | torch.device) -> Mode:
+    """A mode by name; an unknown name is an error listing the valid ones on this device."""
+    modes = {mode.name: mode for mode in (GOLDEN, PROVIDER, *variants(device))}
+    if name not in modes:
+        raise ValueError(
+            f"unknown numerics mode {name!r} on {device_type(device)}; valid modes: {', '.join(modes)}"
+        )
+    return modes[name]
+
+
+def _switches() -> list[tuple[str, Callable[[], object], Callable[[object], None]]]:
+    """(name, read, write) of every process-wide switch a mode may touch."""
+    matmul = torch.backends.cuda.matmul
+    return [
+        (
+            "attention_backend",
+            lambda: _AttentionBackendRegistry._active_backend,
+            _AttentionBackendRegistry.set_active_backend,
+        ),
+        ("cuda.matmul.allow_tf32", lambda: matmul.allow_tf32, lambda v: setattr(matmul, "allow_tf32", v)),
+        (
+            "cudnn.allow_tf32",
+            lambda: torch.backends.cudnn.allow_tf32,
+            lambda v: setattr(torch.backends.cudnn, "allow_tf32", v),
+        ),
+        ("float32_matmul_precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
+        ("num_threads", torch.get_num_threads, torch.set_num_threads),
+        ("preferred_blas_library", torch.backends.cuda.preferred_blas_library, torch.backends.cuda.preferred_blas_library),
+    ]
+
+
+def snapshot() -> dict[str, object]:
+    """The current value of every switch (for tests and for :func:`activate`)."""
+    return {name: read() for name, read, _ in _switches()}
+
+
+@contextlib.contextmanager
+def activate(mode: Mode):
+    """Apply ``mode``'s switches for the body; restore every switch afterwards, whatever happens."""
+    saved = [(write, read()) for _, read, write in _switches()]
+    try:
+        if mode.attention_backend is not None:
+            _AttentionBackendRegistry.set_active_backend(mode.attention_backend)
+        if mode.tf32 is not None:
+            torch.backends.cuda.matmul.allow_tf32 = mode.tf32
+            torch.backends.cudnn.allow_tf32 = mode.tf32
+        if mode.matmul_precision is not None:
+            torch.set_float32_matmul_precision(mode.matmul_precision)
+        if mode.blas is not None:
+            torch.backends.cuda.preferred_blas_library(mode.blas)
+        if mode.threads is not None:
+            torch.set_num_threads(mode.threads)
+        yield mode
+    finally:
+        for write, value in reversed(saved):
+            write(value)
+
+
+def runner(mode: Mode, transformer: torch.nn.Module) -> Callable:
+    """The callable a run under ``mode`` invokes: the transformer itself, or its compiled form."""
+    if mode.compiled:
+        return torch.compile(transformer, dynamic=False)
+    return transformer

@@ -1,0 +1,124 @@
+"""The embedded MiniMax-H3 pipeline: diffusers' modular pipeline, as shipped, over in-process components.
+
+``build_components`` makes everything but the transformer, ``make_pipeline`` assembles
+``MiniMaxH3ModularPipeline(MiniMaxH3Blocks)`` around a given transformer, and ``generate`` runs a t2va or fl2va
+request and returns decoded video and stereo audio as numpy arrays.
+
+Facts a gate builds on (measured with the tiny preset):
+
+- Sequence. One packed sequence per request: ``[text | keyframe conditions | audio | video]``. The byte-level
+  tokenizer gives one text row per prompt byte; fl2va adds ``"<Picture 1>: "`` (13 rows) and a vision block
+  (start, one image pad per merged 32x32 keyframe tile, end) in front of the prompt, and one condition row per
+  keyframe. num_frames=124 gives 37 latent frames and round(124 / 24 * 40) = 207 audio latents; at 32x32 a latent
+  frame is 2x2, i.e. one 2x2 patch, so t2va with a 15-byte prompt is 15 text + 414 audio (2 channels, channel-major)
+  + 37 video = 466 rows, and fl2va with the same prompt 31 text + 1 condition + 414 + 37 = 483 rows.
+- Transformer calls. ``num_inference_steps=N`` runs N - 1 forwards (the schedule's terminal sigma 0 is one of the
+  N points), one per step, for every workflow (the checkpoint is guidance-distilled: no second pass).
+- Time. One whole tiny generation (text encoder, N - 1 forwards, both decoders) on 2 CPU threads:
+  {TIMES}.
+- Noise. The request's ``generator`` (a CPU ``torch.Generator`` seeded with ``seed``, so the draw is the same on
+  every device) is consumed in this order by ``MiniMaxH3PrepareConditionLatentsStep`` (fl2va only) and
+  ``MiniMaxH3PrepareLatentsStep``: one ``randn(1, C, 1, h, w)`` per keyframe, mixed into the keyframe latents at
+  t = 0.999; then the video noise ``randn(1, C, F, h, w)`` (C = 4 latent channels, F latent frames, h x w latent
+  size), patchified into the state's ``latents`` rows; then the audio noise ``randn(2 * A, C_a)`` (A audio latents,
+  C_a = 8), drawn directly as the state's ``audio_latents`` rows. The keyframe's VAE posterior is sampled under its
+  own generator seeded 42 (``keyframe_encode_seed``), independent of the request. The denoise loop then updates
+  ``latents`` and ``audio_latents`` in place, so the initial noise does not survive in the final state: capture it
+  from the first transformer call (below), or draw it and pass ``latents`` (1, C, F, h, w) / ``audio_latents``
+  (2, C_a, A), which skips those draws.
+- Hook. ``MiniMaxH3LoopDenoiser`` calls ``components.transformer(...)`` once per step with keyword arguments only
+  (``hidden_states`` = video rows with conditions first, ``audio_hidden_states``, ``encoder_hidden_states``,
+  ``timestep``, ``timestep_indices`` and the layout tensors) and reads ``(noise_pred, audio_noise_pred)``.
+  ``transformer.register_forward_hook(fn, with_kwargs=True)`` sees every call's inputs and outputs and may replace
+  the outputs (clone inputs: the loop writes into them afterwards). To skip calls, e.g. to resume from saved
+  outputs, swap in a module whose ``forward`` keeps the transformer's signature (``functools.wraps``): the loop
+  passes only the layout tensors that ``inspect.signature(transformer.forward)`` names, so a ``**kwargs`` wrapper
+  silently loses them and the forward fails on missing ``token_tags``, ``position_ids`` and row indices.
+"""
+
+import numpy as np
+import torch
+from diffusers.modular_pipelines import MiniMaxH3Blocks, MiniMaxH3ModularPipeline
+from PIL import Image
+
+from h3gate.pipeline_components import COMPONENT_CONFIGS, build_components
+from h3gate.pipeline_reference import REFERENCE_IMAGE_SHA256, load_reference_image, reference_image_path
+
+__all__ = [
+    "COMPONENT_CONFIGS",
+    "REFERENCE_IMAGE_SHA256",
+    "WORKFLOWS",
+    "build_components",
+    "generate",
+    "load_reference_image",
+    "make_pipeline",
+    "reference_image_path",
+]
+
+WORKFLOWS = ("t2va", "fl2va")
+
+# The ref2va workflow runs against a second checkpoint partition that the embedded model does not build.
+_UNBUILT_COMPONENTS = {"transformer_ref"}
+
+
+def make_pipeline(components: dict, transformer) -> MiniMaxH3ModularPipeline:
+    """``MiniMaxH3ModularPipeline`` with ``MiniMaxH3Blocks``, the given components and canvas configs (as
+    ``build_components`` returns them) and ``transformer``, ready to call.
+
+    Refuses unknown names and any missing component: the pipeline would otherwise fall back silently to the
+    release model's geometry (16x VAE, 24 latent channels, 32 kHz audio) for a missing VAE.
+    """
+    pipe = MiniMaxH3Blocks().init_pipeline()
+    known = set(pipe.component_names) | {spec.name for spec in pipe.blocks.expected_configs}
+    unknown = sorted(set(components) - known)
+    if unknown:
+        raise ValueError(f"make_pipeline: unknown components or configs {unknown}; known names are {sorted(known)}.")
+    if "transformer" in components:
+        raise ValueError("make_pipeline: pass the transformer as the `transformer` argument, not in `components`.")
+    pipe.update_components(**components, transformer=transformer)
+    missing = sorted(set(pipe.null_component_names) - _UNBUILT_COMPONENTS)
+    if missing:
+        raise ValueError(f"make_pipeline: components {missing} are missing; build them with build_components().")
+    return pipe
+
+
+def generate(
+    pipe: MiniMaxH3ModularPipeline,
+    *,
+    workflow: str,
+    prompt: str,
+    seed: int,
+    num_frames: int,
+    height: int,
+    width: int,
+    num_inference_steps: int,
+    image: Image.Image | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Run one request and return ``(video, audio)``: video float32 ``(frames, height, width, 3)`` in [0, 1] and
+    audio float32 ``(2, samples)``, stereo at ``pipe.audio_sampling_rate``.
+
+    ``workflow`` is "t2va" (prompt only) or "fl2va" (``image`` is the first keyframe). All noise comes from a CPU
+    generator seeded with ``seed``, so the same arguments give bitwise the same initial noise on any device.
+    ``num_frames`` is rounded up to the next 17 n + 5 by the pipeline and must end up within 124..345.
+    """
+    if workflow not in WORKFLOWS:
+        raise ValueError(f"Unknown workflow {workflow!r}: choose one of {WORKFLOWS}.")
+    if workflow == "fl2va" and image is None:
+        raise ValueError("Workflow 'fl2va' starts from a keyframe: pass image=, e.g. load_reference_image().")
+    if workflow == "t2va" and image is not None:
+        raise ValueError("Workflow 't2va' generates from the prompt alone: drop image= or use workflow='fl2va'.")
+    keyframe = {} if image is None else {"image": image}
+    outputs = pipe(
+        prompt=prompt,
+        num_frames=num_frames,
+        height=height,
+        width=width,
+        num_inference_steps=num_inference_steps,
+        generator=torch.Generator(device="cpu").manual_seed(seed),
+        output_type="np",
+        output=["videos", "audio"],
+        **keyframe,
+    )
+    video = np.asarray(outputs["videos"][0], dtype=np.float32)
+    audio = outputs["audio"][0].float().cpu().numpy()
+    return video, audio

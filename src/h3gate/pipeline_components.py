@@ -1,0 +1,192 @@
+"""Every MiniMax-H3 pipeline component except the transformer, built in-process with seeded random weights.
+
+Nothing is downloaded: the video and audio VAEs, the two schedulers, a Qwen3-VL conditioner, a byte-level
+tokenizer and the Qwen3-VL processor come from the small configs in ``COMPONENT_CONFIGS``. Each model is
+constructed under its own seed, derived from ``(seed, component name)`` inside a forked RNG, so the weights are
+bitwise identical across calls and processes and the caller's global RNG is left untouched.
+
+Constraints the configs satisfy:
+
+- The pipeline reads ``hidden_states[50]`` of the conditioner (``MiniMaxH3ModularPipeline.text_encoder_layer``),
+  so the text stack has 51 thin layers; its hidden size is the transformer's ``text_dim``.
+- The video VAE compresses 16x in space, so with the transformer's 2x2 patch a canvas is a multiple of 32; the
+  canvas configs make a request without height/width generate at 32x32 instead of the release's 768x1344.
+- ``int(0.75 x decoder head_dim)`` must divide by 6 (the decoder's 3-axis RoPE), and the audio VAE needs explicit
+  ``latents_mean``/``latents_std`` (its decode step crashes on None).
+"""
+
+import hashlib
+
+import torch
+from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Scheduler
+from transformers import Qwen2Tokenizer, Qwen2VLImageProcessorPil, Qwen3VLConfig, Qwen3VLForConditionalGeneration
+from transformers import Qwen3VLProcessor
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+_SPECIAL_TOKENS = (
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+)
+
+_TINY = {
+    "vae": dict(
+        latent_channels=4,
+        block_out_channels=(8, 8, 8, 8),
+        layers_per_block=1,
+        spatial_downsample_factors=(2, 2, 2, 2),
+        temporal_downsample_factors=(1, 2, 2, 1),
+        norm_num_groups=4,
+        decoder_num_layers=1,
+        decoder_num_attention_heads=1,
+        decoder_attention_head_dim=16,
+        clip_length=17,
+        token_drop=3,
+        latents_mean=(0.0,) * 4,
+        latents_std=(1.0,) * 4,
+    ),
+    "audio_vae": dict(
+        encoder_dim=4,
+        encoder_rates=(2, 2),
+        latent_dim=16,
+        latent_channels=8,
+        num_attention_heads=1,
+        decoder_dim=16,
+        decoder_rates=(2, 2),
+        decoder_kernel_sizes=(4, 4),
+        resblock_kernel_sizes=(3,),
+        resblock_dilation_sizes=((1,),),
+        sampling_rate=160,
+        latents_mean=[0.0] * 8,
+        latents_std=[1.0] * 8,
+    ),
+    "scheduler": dict(shift=12.0),
+    "audio_scheduler": dict(shift=3.0),
+    "text_encoder": dict(
+        text_config=dict(
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=51,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+            rope_parameters=dict(
+                rope_type="default", rope_theta=10000.0, mrope_section=[4, 2, 2], mrope_interleaved=True
+            ),
+        ),
+        vision_config=dict(
+            depth=2,
+            hidden_size=16,
+            intermediate_size=32,
+            num_heads=2,
+            patch_size=16,
+            spatial_merge_size=2,
+            temporal_patch_size=2,
+            out_hidden_size=32,
+            num_position_embeddings=16,
+            deepstack_visual_indexes=[0],
+        ),
+    ),
+    "tokenizer": dict(special_tokens=_SPECIAL_TOKENS),
+    "processor": dict(
+        patch_size=16,
+        merge_size=2,
+        temporal_patch_size=2,
+        min_pixels=32 * 32,
+        max_pixels=128 * 128,
+        image_mean=(0.5, 0.5, 0.5),
+        image_std=(0.5, 0.5, 0.5),
+    ),
+    "pipeline": dict(canvas_short_edge=32, canvas_max_pixels=32 * 32),
+}
+
+COMPONENT_CONFIGS: dict[str, dict] = {"tiny": _TINY, "small": _TINY}
+"""Configs of every component but the transformer, per preset (the keys of ``presets.TRANSFORMER_CONFIGS``).
+``small`` reuses the tiny VAEs, conditioner and tokenizer: the benchmark preset only widens the transformer, whose
+``text_dim`` stays the conditioner's hidden size of 32."""
+
+
+class _ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
+    """``Qwen3VLProcessor`` without a video processor.
+
+    transformers' video processors need torchvision, which is not available beside this torch build, and
+    ``ProcessorMixin``'s class check fails while merely looking the video class up. The t2va and fl2va workflows
+    process images only, so the video slot stays None and is exempt from that one check.
+    """
+
+    def check_argument_for_proper_class(self, argument_name, argument):
+        if argument_name == "video_processor" and argument is None:
+            return None
+        return super().check_argument_for_proper_class(argument_name, argument)
+
+
+def _component_seed(seed: int, name: str) -> int:
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _seeded(seed: int, name: str, build):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_component_seed(seed, name))
+        return build().eval()
+
+
+def _byte_level_tokenizer(special_tokens: tuple[str, ...]) -> Qwen2Tokenizer:
+    """One token per byte (token id = byte value, no merges) plus the Qwen special tokens the pipeline looks up."""
+    vocab = {char: byte for byte, char in bytes_to_unicode().items()}
+    vocab.update({token: 256 + index for index, token in enumerate(special_tokens)})
+    return Qwen2Tokenizer(vocab=vocab, merges=[], extra_special_tokens=list(special_tokens[1:]))
+
+
+def _video_vae(config: dict) -> AutoencoderKLMiniMaxH3:
+    """diffusers initialises the decoder's layer scales and register tokens to zero, which makes every decoder block
+    the identity; scales of one and N(0, 1) registers let the decoder mix latent voxels through attention as a
+    trained one does."""
+    vae = AutoencoderKLMiniMaxH3(**config)
+    with torch.no_grad():
+        for block in vae.decoder.transformer_blocks:
+            block.scale1.fill_(1.0)
+            block.scale2.fill_(1.0)
+        vae.decoder.register_tokens.normal_()
+    return vae
+
+
+def build_components(preset: str, seed: int) -> dict[str, object]:
+    """Every component ``MiniMaxH3Blocks`` needs except the transformers, keyed as the pipeline names them, plus the
+    pipeline's canvas configs (``update_components`` takes both), for ``make_pipeline``.
+
+    ``image_processor`` and ``video_processor`` are left to the pipeline, which creates them from its own config.
+    """
+    if preset not in COMPONENT_CONFIGS:
+        raise ValueError(f"Unknown preset {preset!r}: choose one of {sorted(COMPONENT_CONFIGS)}.")
+    configs = COMPONENT_CONFIGS[preset]
+    tokenizer = _byte_level_tokenizer(configs["tokenizer"]["special_tokens"])
+
+    def token_id(name: str) -> int:
+        return tokenizer.convert_tokens_to_ids(f"<|{name}|>")
+
+    text_config = Qwen3VLConfig(
+        text_config=dict(configs["text_encoder"]["text_config"], vocab_size=len(tokenizer)),
+        vision_config=configs["text_encoder"]["vision_config"],
+        image_token_id=token_id("image_pad"),
+        video_token_id=token_id("video_pad"),
+        vision_start_token_id=token_id("vision_start"),
+        vision_end_token_id=token_id("vision_end"),
+    )
+    image_processor = Qwen2VLImageProcessorPil(**configs["processor"])
+    return {
+        "vae": _seeded(seed, "vae", lambda: _video_vae(configs["vae"])),
+        "audio_vae": _seeded(seed, "audio_vae", lambda: AutoencoderKLMiniMaxH3Audio(**configs["audio_vae"])),
+        "scheduler": MiniMaxH3Scheduler(**configs["scheduler"]),
+        "audio_scheduler": MiniMaxH3Scheduler(**configs["audio_scheduler"]),
+        "text_encoder": _seeded(seed, "text_encoder", lambda: Qwen3VLForConditionalGeneration(text_config)),
+        "tokenizer": tokenizer,
+        "processor": _ImageOnlyQwen3VLProcessor(
+            image_processor=image_processor, tokenizer=tokenizer, video_processor=None
+        ),
+        **configs["pipeline"],
+    }

@@ -1,0 +1,96 @@
+"""The outcome of a gate: every check with its value, bound and margin, and a first line that says it all.
+
+A failure's first line names the gate, the tap or metric, the value, the bound, the margin and the bounds
+digest, because that line is what JUnit, CI logs and the reviewer see first.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class Check:
+    name: str  # tap or metric
+    kind: str  # relative_l2, zero_gradient, non_finite, inventory, ...
+    value: float
+    bound: float
+    passed: bool
+    detail: dict = field(default_factory=dict)
+
+    @property
+    def margin(self) -> float:
+        """bound - value: how much room is left (negative: by how much it failed)."""
+        return self.bound - self.value
+
+    @property
+    def ratio(self) -> float:
+        if self.bound == 0:
+            return math.inf if self.value else 0.0
+        return self.value / self.bound
+
+    def line(self) -> str:
+        if self.kind == "relative_l2":
+            relation = "<=" if self.passed else ">"
+            return (
+                f"{self.name}: relative_l2 {self.value:.4g} {relation} bound {self.bound:.4g} "
+                f"(margin {self.margin:+.3g})"
+            )
+        return f"{self.name}: {self.kind} - {self.detail.get('reason', '')}".rstrip(" -")
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "margin": self.margin}
+
+
+@dataclass
+class GateResult:
+    gate: str
+    params: dict
+    checks: list[Check]
+    context: dict = field(default_factory=dict)  # bounds digest, candidate, model identity, ...
+    metrics: dict = field(default_factory=dict)
+    timings: dict = field(default_factory=dict)
+
+    @property
+    def failures(self) -> list[Check]:
+        return sorted((c for c in self.checks if not c.passed), key=lambda c: -c.ratio)
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and not self.failures
+
+    def label(self) -> str:
+        params = ", ".join(f"{k}={v}" for k, v in self.params.items())
+        return f"{self.gate} gate" + (f" [{params}]" if params else "")
+
+    def summary(self) -> str:
+        """One line: the worst failure, or the tightest pass."""
+        digest = self.context.get("bounds_sha256", "")[:12]
+        tail = f"; bounds sha256 {digest}" if digest else ""
+        if not self.checks:
+            return f"{self.label()}: no checks ran"
+        if self.failures:
+            worst = self.failures[0]
+            return f"{self.label()} FAILED {len(self.failures)}/{len(self.checks)} checks; worst {worst.line()}{tail}"
+        tightest = max(self.checks, key=lambda c: c.ratio)
+        return f"{self.label()} passed {len(self.checks)} checks; tightest {tightest.line()}{tail}"
+
+    def report(self, limit: int = 20) -> str:
+        lines = [self.summary()]
+        lines += ["  " + check.line() for check in self.failures[:limit]]
+        if len(self.failures) > limit:
+            lines.append(f"  ... and {len(self.failures) - limit} more failing checks")
+        return "\n".join(lines)
+
+    def to_json(self) -> dict:
+        return {
+            "gate": self.gate,
+            "params": self.params,
+            "passed": self.passed,
+            "summary": self.summary(),
+            "checks": [check.to_json() for check in self.checks],
+            "context": self.context,
+            "metrics": self.metrics,
+            "timings": self.timings,
+        }

@@ -1,0 +1,30 @@
+"""Fixtures of this repository's own tests: the embedded model, its contract and its committed bounds."""
+
+from pathlib import Path
+
+import pytest
+
+from h3gate import bounds
+from h3gate.contract import load_model_contract
+from h3gate.model import build_preset
+
+ROOT = Path(__file__).resolve().parent.parent
+THRESHOLDS = ROOT / "thresholds"
+
+pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    return build_preset("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_contract():
+    return load_model_contract(THRESHOLDS / "tiny" / "model-contract.json")
+
+
+@pytest.fixture(scope="session")
+def tiny_model_bounds(tiny):
+    path = bounds.bounds_path(THRESHOLDS, "tiny", "cpu", "model")
+    return bounds.load(path, "model", tiny.identity, "cpu")

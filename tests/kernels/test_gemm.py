@@ -1,0 +1,164 @@
+"""``h3_triton.gemm`` against float64 torch, forward and every gradient.
+
+Rule: the candidate's relative L2 error to float64 (computed from the same low-precision inputs, upcast) is at
+most twice torch's own error at that precision plus one unit roundoff of the dtype. Every input is a strided
+view into a larger NaN-filled buffer, so a load that strays past a mask turns the result into NaN.
+"""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from h3_triton.dot import INTERPRET
+from h3_triton.gemm import linear, silu_linear
+
+if not INTERPRET and not torch.cuda.is_available():
+    pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+
+DEVICE = "cpu" if INTERPRET else "cuda"
+PAD = 2
+
+
+def carved(shape, dtype, seed, pad=(PAD,)):
+    """Standard normal values in a view offset by ``pad`` (one per dim, or one for all) into a NaN buffer."""
+    pads = pad * len(shape) if len(pad) == 1 else pad
+    buf = torch.full([s + 2 * p for s, p in zip(shape, pads)], float("nan"), dtype=dtype, device=DEVICE)
+    view = buf[tuple(slice(p, p + s) for s, p in zip(shape, pads))]
+    gen = torch.Generator().manual_seed(seed)
+    view.copy_(torch.randn(shape, generator=gen).to(dtype))
+    return view
+
+
+def run(fn, inputs, dy):
+    """Output and the gradients of every floating input for ``fn(*inputs)`` back-propagated with ``dy``."""
+    leaves = [None if t is None else t.detach().requires_grad_() for t in inputs]
+    y = fn(*leaves)
+    y.backward(dy)
+    return [y.detach()] + [t.grad for t in leaves if t is not None]
+
+
+def rel_l2(a, ref):
+    return ((a.double() - ref).norm() / ref.norm()).item()
+
+
+def check(candidate, low, inputs, dy, names):
+    """Compare ``candidate`` and torch's ``low`` precision op on ``inputs`` with the float64 reference."""
+    got = run(candidate, inputs, dy)
+    torch_low = run(low, inputs, dy)
+    ref = run(low, [None if t is None else t.double() for t in inputs], dy.double())
+    for name, g, t, r in zip(names, got, torch_low, ref):
+        assert g.dtype == t.dtype and g.shape == t.shape, f"{name}: {g.dtype} {g.shape} vs torch {t.dtype} {t.shape}"
+        assert torch.isfinite(g).all(), f"{name}: non-finite values"
+        err, torch_err = rel_l2(g, r), rel_l2(t, r)
+        bound = 2 * torch_err + torch.finfo(g.dtype).eps / 2
+        assert err <= bound, f"{name}: relative L2 {err:.3e} > {bound:.3e} (torch {torch_err:.3e})"
+    return got
+
+
+def torch_silu_linear(temb, weight, bias):
+    return F.linear(F.silu(temb).to(weight.dtype), weight, bias)
+
+
+# Every M, K and N value of the brief appears; each (M, K, N) runs 2-D and as a (B, S) 3-D slice.
+SHAPES = [(1, 48, 80), (7, 80, 48), (130, 96, 200), (600, 200, 96)]
+ROWS_3D = {1: (1, 1), 7: (7, 1), 130: (2, 65), 600: (4, 150)}
+DTYPES = [torch.bfloat16, torch.float32]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("ndim", [2, 3])
+@pytest.mark.parametrize("M,K,N", SHAPES)
+def test_linear(M, K, N, ndim, has_bias, dtype):
+    lead = (M,) if ndim == 2 else ROWS_3D[M]
+    x = carved((*lead, K), dtype, 1)
+    weight = carved((N, K), dtype, 2)
+    bias = carved((N,), dtype, 3) if has_bias else None
+    dy = carved((*lead, N), dtype, 4)
+    names = ["y", "dx", "dweight", "dbias"][: 4 if has_bias else 3]
+    check(linear, F.linear, [x, weight, bias], dy, names)
+
+
+def test_linear_layouts():
+    """Strides the kernel must follow without copies: a transposed weight, strided columns, 4-D rows that
+    collapse to two strides, and gradients as autograd may hand them (expanded, or rows it cannot share)."""
+    dtype = torch.bfloat16
+    weight_t = carved((96, 200), dtype, 2).T  # (N=200, K=96) with unit stride along N
+    bias = carved((200,), dtype, 3)
+    x_cols = carved((130, 192), dtype, 1)[:, ::2]
+    check(linear, F.linear, [x_cols, weight_t, bias], carved((130, 200), dtype, 4), ["y", "dx", "dw", "db"])
+    x4 = carved((2, 3, 5, 96), dtype, 5, pad=(0, 1, 0, 3))  # rows break once, after dim 0
+    dy_expanded = torch.ones((), dtype=dtype, device=DEVICE).expand(2, 3, 5, 200)
+    check(linear, F.linear, [x4, weight_t, bias], dy_expanded, ["y", "dx", "dw", "db"])
+    dy_scattered = carved((2, 3, 5, 200), dtype, 6)  # breaks after dims 0, 1 and 2
+    check(linear, F.linear, [x4, weight_t, bias], dy_scattered, ["y", "dx", "dw", "db"])
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("has_bias", [True, False], ids=["bias", "nobias"])
+@pytest.mark.parametrize("T,E,N", [(1, 200, 96), (3, 80, 200)])
+def test_silu_linear(T, E, N, has_bias, dtype):
+    temb = carved((T, E), torch.float32, 1)
+    weight = carved((N, E), dtype, 2)
+    bias = carved((N,), dtype, 3) if has_bias else None
+    dy = carved((T, N), dtype, 4)
+    names = ["y", "dtemb", "dweight", "dbias"][: 4 if has_bias else 3]
+    check(silu_linear, torch_silu_linear, [temb, weight, bias], dy, names)
+
+
+@pytest.mark.parametrize(
+    "fn,shapes",
+    [(linear, [(2, 65, 96), (200, 96), (200,)]), (silu_linear, [(3, 80), (200, 80), (200,)])],
+    ids=["linear", "silu_linear"],
+)
+def test_deterministic(fn, shapes):
+    dtypes = [torch.float32 if fn is silu_linear else torch.bfloat16, torch.bfloat16, torch.bfloat16]
+    inputs = [carved(s, d, i) for i, (s, d) in enumerate(zip(shapes, dtypes))]
+    dy = carved((*shapes[0][:-1], shapes[1][0]), torch.bfloat16, 9)
+    first, second = run(fn, inputs, dy), run(fn, inputs, dy)
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+def test_bfloat16_rounds_to_nearest_even():
+    """With K = 1 the float32 accumulator holds the exact product, so the output must be torch's rounding of
+    it, bit for bit; a truncating cast (the interpreter's own) passes the error rule but fails here."""
+    x = carved((130, 1), torch.bfloat16, 1)
+    weight = carved((200, 1), torch.bfloat16, 2)
+    assert torch.equal(linear(x, weight), (x.float() @ weight.float().T).to(torch.bfloat16))
+
+
+def test_output_dtypes():
+    temb = torch.randn(3, 48, device=DEVICE)
+    weight = torch.randn(80, 48, dtype=torch.bfloat16, device=DEVICE)
+    y, dtemb, dweight = run(silu_linear, [temb, weight, None], torch.ones(3, 80, dtype=torch.bfloat16, device=DEVICE))
+    assert (y.dtype, dtemb.dtype, dweight.dtype) == (torch.bfloat16, torch.float32, torch.bfloat16)
+
+
+def test_empty_rows_give_zero_gradients():
+    x = torch.empty(0, 48, dtype=torch.float32, device=DEVICE)
+    weight = torch.randn(80, 48, device=DEVICE)
+    bias = torch.randn(80, device=DEVICE)
+    y, dx, dweight, dbias = run(linear, [x, weight, bias], torch.empty(0, 80, device=DEVICE))
+    assert y.shape == (0, 80) and dx.shape == (0, 48)
+    assert torch.equal(dweight, torch.zeros_like(weight)) and torch.equal(dbias, torch.zeros_like(bias))
+
+
+W = torch.zeros(80, 48)
+
+
+@pytest.mark.parametrize(
+    "call,match",
+    [
+        (lambda: linear(torch.zeros(4, 40), W), "must end in weight's in_features 48"),
+        (lambda: linear(torch.zeros(4, 48, dtype=torch.bfloat16), W), "cast x to it"),
+        (lambda: linear(torch.zeros(4, 48), W, torch.zeros(48)), r"bias must have shape \(80,\)"),
+        (lambda: linear(torch.zeros(4, 48), W.double()), "not supported"),
+        (lambda: linear(torch.zeros(4, 48), torch.zeros(80, 48, 1)), "weight must be 2-D"),
+        (lambda: linear(torch.zeros(4, 5, 6, 50)[:, 1:, 1:, :48], W), r"pass x.contiguous\(\)"),
+        (lambda: silu_linear(torch.zeros(3, 48, dtype=torch.float64), W, None), "temb dtype"),
+    ],
+)
+def test_bad_inputs_are_named(call, match):
+    with pytest.raises(ValueError, match=match):
+        call()
