@@ -87,7 +87,7 @@ def _xdist_workers(config) -> bool:
 
 
 def pytest_sessionstart(session):
-    session.config.stash[SESSION_KEY].verify_thresholds()
+    session.config.stash[SESSION_KEY].start()
 
 
 def pytest_itemcollected(item):

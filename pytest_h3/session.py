@@ -105,6 +105,12 @@ class H3Session:
 
     # Session start and end ------------------------------------------------------------------------------
 
+    def start(self) -> None:
+        """Refuse at once what would fail every gate: a tampered thresholds folder, an unknown candidate."""
+        self.verify_thresholds()
+        if not self.freezing:
+            self.candidate
+
     def verify_thresholds(self) -> None:
         if not self.thresholds.is_dir():
             return
@@ -157,7 +163,7 @@ class GateItem:
         from pytest_h3.plugin import freeze_command
 
         reason = f"{error}; freeze them with: {freeze_command(self.session.config, self.node.nodeid)}"
-        return GateResult(self.kind, self.params, [Check("bounds", "bounds", 1.0, 0.0, False, {"reason": reason})])
+        return GateResult(self.kind, self.params, [Check("bounds", "missing", 1.0, 0.0, False, {"reason": reason})])
 
     def frozen(self, frozen: bounds_mod.Bounds) -> GateResult:
         """The outcome of a freeze item: bounds written (and which cannot discriminate)."""

@@ -1,7 +1,7 @@
 """Numerics modes: golden, provider and the provider variants, each a scoped change of global state.
 
 A mode is the weights it runs (fp32 copy or checkpoint precision), the process-wide switches it sets
-(attention backend, TF32, matmul precision, BLAS library, threads) and optionally a wrapper of the model
+(attention backend, fp32 precision of matmul and convolution, BLAS library, threads) and optionally a wrapper of the model
 (``torch.compile``). :func:`activate` snapshots *every* switch any mode touches before applying the mode and
 restores all of them on exit, also when the body raises — a leaked BLAS choice once contaminated the next
 seed of a qualification run.
@@ -27,8 +27,7 @@ class Mode:
     description: str
     fp32_weights: bool = False
     attention_backend: str | None = None
-    tf32: bool | None = None
-    matmul_precision: str | None = None
+    fp32_precision: str | None = None  # "ieee" turns TF32 (and oneDNN's bf16 fp32 path) off everywhere
     blas: str | None = None
     threads: int | None = None
     compiled: bool = False
@@ -43,8 +42,7 @@ GOLDEN = Mode(
     "fp32 copy of the weights, math SDPA, TF32 off, highest matmul precision",
     fp32_weights=True,
     attention_backend="_native_math",
-    tf32=False,
-    matmul_precision="highest",
+    fp32_precision="ieee",
 )
 PROVIDER = Mode("provider", "checkpoint precision, default backends")
 
@@ -83,25 +81,40 @@ def get(name: str, device: str | torch.device) -> Mode:
     return modes[name]
 
 
+# torch's fp32 precision switches, new API only: torch >= 2.9 refuses to read the legacy ones
+# (allow_tf32, float32_matmul_precision) once the two APIs were mixed in one process.
+_FP32_PRECISION = (
+    "fp32_precision",
+    "cuda.matmul.fp32_precision",
+    "cudnn.conv.fp32_precision",
+    "cudnn.rnn.fp32_precision",
+    "mkldnn.matmul.fp32_precision",
+    "mkldnn.conv.fp32_precision",
+    "mkldnn.rnn.fp32_precision",
+)
+
+
+def _backend_attribute(path: str):
+    *parents, leaf = path.split(".")
+    owner = torch.backends
+    for parent in parents:
+        owner = getattr(owner, parent)
+    return (lambda: getattr(owner, leaf)), (lambda value: setattr(owner, leaf, value))
+
+
 def _switches() -> list[tuple[str, Callable[[], object], Callable[[object], None]]]:
     """(name, read, write) of every process-wide switch a mode may touch."""
-    matmul = torch.backends.cuda.matmul
-    return [
+    switches = [
         (
             "attention_backend",
             lambda: _AttentionBackendRegistry._active_backend,
             _AttentionBackendRegistry.set_active_backend,
         ),
-        ("cuda.matmul.allow_tf32", lambda: matmul.allow_tf32, lambda v: setattr(matmul, "allow_tf32", v)),
-        (
-            "cudnn.allow_tf32",
-            lambda: torch.backends.cudnn.allow_tf32,
-            lambda v: setattr(torch.backends.cudnn, "allow_tf32", v),
-        ),
-        ("float32_matmul_precision", torch.get_float32_matmul_precision, torch.set_float32_matmul_precision),
         ("num_threads", torch.get_num_threads, torch.set_num_threads),
         ("preferred_blas_library", torch.backends.cuda.preferred_blas_library, torch.backends.cuda.preferred_blas_library),
     ]
+    switches += [(path, *_backend_attribute(path)) for path in _FP32_PRECISION]
+    return switches
 
 
 def snapshot() -> dict[str, object]:
@@ -116,11 +129,9 @@ def activate(mode: Mode):
     try:
         if mode.attention_backend is not None:
             _AttentionBackendRegistry.set_active_backend(mode.attention_backend)
-        if mode.tf32 is not None:
-            torch.backends.cuda.matmul.allow_tf32 = mode.tf32
-            torch.backends.cudnn.allow_tf32 = mode.tf32
-        if mode.matmul_precision is not None:
-            torch.set_float32_matmul_precision(mode.matmul_precision)
+        if mode.fp32_precision is not None:
+            for path in _FP32_PRECISION:
+                _backend_attribute(path)[1](mode.fp32_precision)
         if mode.blas is not None:
             torch.backends.cuda.preferred_blas_library(mode.blas)
         if mode.threads is not None:

@@ -125,11 +125,13 @@ class _ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
 
 
 def _component_seed(seed: int, name: str) -> int:
+    """One independent stream per component, so changing one component's config never shifts another's weights."""
     digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
 
 def _seeded(seed: int, name: str, build):
+    """``build()`` under the component's seed, in a forked RNG so the caller's global stream is left as it was."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_component_seed(seed, name))
         return build().eval()

@@ -37,7 +37,7 @@ class Check:
                 f"{self.name}: relative_l2 {self.value:.4g} {relation} bound {self.bound:.4g} "
                 f"(margin {self.margin:+.3g})"
             )
-        return f"{self.name}: {self.kind} - {self.detail.get('reason', '')}".rstrip(" -")
+        return f"{self.name}: {self.kind}: {self.detail.get('reason', '')}".rstrip(": ")
 
     def to_json(self) -> dict:
         return {**asdict(self), "margin": self.margin}
