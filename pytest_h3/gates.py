@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import pytest
+
 from h3gate import bounds as bounds_mod
 from h3gate import numerics
 from h3gate.contract import load_model_contract
+from h3gate.gates import kernel as kernel_gate
 from h3gate.gates import model as model_gate
 
 
@@ -39,4 +42,18 @@ def run_model(item):
         return model_gate.check(model, session.candidate, contract, frozen, session.device, progress=bar.step)
 
 
-RUNNERS = {"model": run_model}
+def run_kernel(item):
+    session = item.session
+    if session.freezing:
+        pytest.skip("the kernel gate has no bounds to freeze: its rule compares with torch in the same run")
+    with item.progress(None) as bar:
+        return kernel_gate.check(
+            session.candidate,
+            item.params["op"],
+            session.device,
+            max_examples=item.options.get("max_examples", 8),
+            progress=bar.step,
+        )
+
+
+RUNNERS = {"kernel": run_kernel, "model": run_model}

@@ -7,6 +7,7 @@ fixture that runs the engine for the marked gate, JUnit properties, and the sess
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 
@@ -16,9 +17,10 @@ from pytest_h3.session import H3Session, SESSION_KEY
 
 MARKER_HELP = (
     "h3_gate(kind, **params): a qualification gate of kind kernel, block, model or generation; list params "
-    "(seeds=[...], blocks=[...]) become one test item per value"
+    "(seeds=[...], blocks=[...], ops=[...]) become one test item per value"
 )
-_PARAM_IDS = {"seeds": "seed", "blocks": "block"}
+# List params of the h3_gate marker: the name each item's value takes, and the prefix of its test id.
+_PARAM_IDS = {"seeds": ("seed", "seed"), "blocks": ("block", "block"), "ops": ("op", "")}
 
 
 def pytest_addoption(parser):
@@ -68,6 +70,19 @@ def pytest_addoption(parser):
     group.addoption("--h3-model-seed", type=int, default=0, help="weight seed of an embedded model (default: 0)")
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    """Turn Triton's interpreter on for a CPU run before anything imports triton.
+
+    Triton decides at decoration time whether a function is interpreted, its own standard library
+    included, and diffusers imports triton: conftest files importing the engine would freeze it
+    uninterpreted. This hook runs before any conftest is loaded.
+    """
+    device = H3Session.resolve_device(early_config.known_args_namespace.h3_device)
+    if device == "cpu" and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "gate: a qualification gate (select the gate suite with -m gate)")
     config.addinivalue_line("markers", MARKER_HELP)
@@ -113,11 +128,9 @@ def pytest_generate_tests(metafunc):
     if not lists:
         return
     (key, values), = lists.items()
+    name, prefix = _PARAM_IDS[key]
     metafunc.parametrize(
-        "h3_gate",
-        [{_PARAM_IDS[key]: value} for value in values],
-        ids=[f"{_PARAM_IDS[key]}{value}" for value in values],
-        indirect=True,
+        "h3_gate", [{name: value} for value in values], ids=[f"{prefix}{value}" for value in values], indirect=True
     )
 
 

@@ -6,6 +6,8 @@ reaches the terminal while the test's own output stays captured.
 
 from __future__ import annotations
 
+import sys
+
 from tqdm import tqdm
 
 
@@ -21,12 +23,15 @@ class _Terminal:
     def flush(self) -> None:
         pass
 
+    def isatty(self) -> bool:
+        return sys.stderr.isatty()
+
 
 class Progress:
     """``with Progress(config, label, total) as bar: bar.step("phase")`` - one tick per finished phase."""
 
     def __init__(self, config, label: str, total: int):
-        self.bar = tqdm(total=total, desc=label, unit="phase", file=_Terminal(config), leave=False, dynamic_ncols=True)
+        self.bar = tqdm(total=total, desc=label, unit="phase", file=_Terminal(config), leave=False, dynamic_ncols=True, disable=None)
         self.started = False
 
     def step(self, phase: str) -> None:

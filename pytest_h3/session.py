@@ -7,7 +7,6 @@ keeps them and writes ``results.json`` under ``--h3-out`` when it ends.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -24,10 +23,7 @@ class H3Session:
     def __init__(self, config):
         self.config = config
         self.freezing = bool(config.getoption("--h3-freeze"))
-        self.device = self._resolve_device(config.getoption("--h3-device"))
-        if self.device == "cpu":
-            # Triton kernels reach CPU tensors only through the interpreter; it must be on before triton loads.
-            os.environ.setdefault("TRITON_INTERPRET", "1")
+        self.device = self.resolve_device(config.getoption("--h3-device"))
         self.out = Path(config.getoption("--h3-out"))
         thresholds = config.getoption("--h3-thresholds")
         self.thresholds = Path(thresholds) if thresholds else Path(config.rootpath) / "thresholds"
@@ -36,7 +32,7 @@ class H3Session:
         self._candidate = None
 
     @staticmethod
-    def _resolve_device(option: str) -> str:
+    def resolve_device(option: str) -> str:
         import torch
 
         if option == "auto":
@@ -91,8 +87,9 @@ class H3Session:
         for key, values in lists.items():
             if not isinstance(values, (list, tuple)) or not values:
                 raise ValueError(f"{where}: {key} must be a non-empty list, got {values!r}")
-            if any(isinstance(v, bool) or not isinstance(v, int) for v in values):
-                raise ValueError(f"{where}: {key} must be integers, got {values!r}")
+            element = str if key == "ops" else int
+            if any(isinstance(v, bool) or not isinstance(v, element) for v in values):
+                raise ValueError(f"{where}: {key} must be a list of {element.__name__}, got {values!r}")
             duplicates = sorted({v for v in values if list(values).count(v) > 1})
             if duplicates:
                 raise ValueError(f"{where}: {key} lists {duplicates} more than once")
@@ -101,6 +98,12 @@ class H3Session:
                 bad = [v for v in values if not 0 <= v < layers]
                 if bad:
                     raise ValueError(f"{where}: block indices {bad} out of range: the model has blocks 0..{layers - 1}")
+            if key == "ops":
+                from h3gate.gates.kernel import OPS
+
+                unknown = [v for v in values if v not in OPS]
+                if unknown:
+                    raise ValueError(f"{where}: unknown kernel ops {unknown}; ops: {', '.join(OPS)}")
         return lists
 
     # Session start and end ------------------------------------------------------------------------------

@@ -10,10 +10,18 @@ import os
 
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 # Read once at import, like Triton itself: the kernels of this package are compiled either for the
 # interpreter or for a GPU, never both in one process.
 INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+if INTERPRET and not isinstance(tl.cdiv, InterpretedFunction):
+    raise ImportError(
+        "TRITON_INTERPRET=1 was set after triton was imported (diffusers imports it): Triton's own library is "
+        "compiled for a GPU and the interpreter cannot call it. Set TRITON_INTERPRET=1 in the environment before "
+        "starting Python (pytest-h3 does so itself when --h3-device resolves to cpu)."
+    )
 
 
 @triton.jit

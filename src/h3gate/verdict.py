@@ -18,26 +18,28 @@ class Check:
     bound: float
     passed: bool
     detail: dict = field(default_factory=dict)
+    direction: str = "max"  # "max": value must not exceed bound; "min": value must reach bound (PSNR, SSIM)
 
     @property
     def margin(self) -> float:
-        """bound - value: how much room is left (negative: by how much it failed)."""
-        return self.bound - self.value
+        """How much room is left before the bound (negative: by how much it failed)."""
+        return self.bound - self.value if self.direction == "max" else self.value - self.bound
 
     @property
     def ratio(self) -> float:
+        """How much of the allowance is used: 1 is at the bound, above 1 fails."""
+        if self.direction == "min":
+            return 1.0 if self.passed else 1.0 + abs(self.margin) / max(abs(self.bound), 1e-12)
         if self.bound == 0:
             return math.inf if self.value else 0.0
         return self.value / self.bound
 
     def line(self) -> str:
-        if self.kind == "relative_l2":
-            relation = "<=" if self.passed else ">"
-            return (
-                f"{self.name}: relative_l2 {self.value:.4g} {relation} bound {self.bound:.4g} "
-                f"(margin {self.margin:+.3g})"
-            )
-        return f"{self.name}: {self.kind}: {self.detail.get('reason', '')}".rstrip(": ")
+        if "reason" in self.detail:
+            return f"{self.name}: {self.kind}: {self.detail['reason']}"
+        within = self.passed
+        relation = ("<=" if within else ">") if self.direction == "max" else (">=" if within else "<")
+        return f"{self.name}: {self.kind} {self.value:.4g} {relation} bound {self.bound:.4g} (margin {self.margin:+.3g})"
 
     def to_json(self) -> dict:
         return {**asdict(self), "margin": self.margin}

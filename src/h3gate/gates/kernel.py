@@ -1,0 +1,405 @@
+"""The ``kernel`` gate: every op of a candidate alone, forward and every gradient, over shapes hypothesis draws.
+
+Rule, in the spirit of flash-attention's own tests: against a float64 torch reference, the candidate's
+error may be at most 2 x the error of torch's own op at the same precision plus a noise floor of two ULP
+at the reference's magnitude — checked both as relative L2 (the error everywhere) and as max abs (the
+error of the worst element, which a bug confined to a few rows or one tile cannot hide from). No fixed
+atol: the floor scales with the reference. Also per op: two runs bitwise equal, and inputs carved out of
+NaN-filled buffers (padding NaN must never reach an output or gradient).
+
+hypothesis draws the shapes (ragged sequence lengths, non-power-of-two widths, all head dims, random row
+tables): it explores edges a hand-written list misses, shrinks a failure to its smallest shape, and
+replays deterministically with ``derandomize=True`` so a failure in CI reproduces anywhere.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from h3gate.verdict import Check, GateResult
+
+GATE = "kernel"
+ERROR_FACTOR = 2.0
+FLOOR_ULPS = 2.0
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Shape ranges: the full issue's ranges on a GPU, the same kinds of shapes smaller under the interpreter."""
+
+    max_rows: int
+    max_width: int
+    max_heads: int
+
+
+GPU_LIMITS = Limits(max_rows=600, max_width=1000, max_heads=4)
+INTERPRETER_LIMITS = Limits(max_rows=600, max_width=200, max_heads=2)
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """How to draw inputs for one op, and its torch formula (run at low precision and in float64)."""
+
+    name: str
+    dims: Callable[[Limits], st.SearchStrategy]
+    build: Callable[[dict, torch.dtype, torch.Generator], dict]  # -> {"args": [...], "grads": [arg names]}
+    torch_op: Callable
+
+
+def _normal(shape, generator, scale=1.0):
+    return torch.randn(shape, generator=generator, dtype=torch.float64) * scale
+
+
+def _rows(limits: Limits):
+    # Ragged lengths everywhere, with the tile edges (multiples of 16/32/64/128 and one past) drawn often.
+    edges = st.sampled_from([1, 2, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 255, 257])
+    return st.one_of(edges, st.integers(1, limits.max_rows)).filter(lambda s: s <= limits.max_rows)
+
+
+def _width(limits: Limits, multiple: int = 1):
+    return st.integers(1, max(1, limits.max_width // multiple)).map(lambda w: w * multiple)
+
+
+# Op specs ---------------------------------------------------------------------------------------------
+
+
+def _linear_dims(limits):
+    return st.fixed_dictionaries(
+        {"rows": _rows(limits), "k": _width(limits), "n": _width(limits), "bias": st.booleans(), "batched": st.booleans()}
+    )
+
+
+def _linear_build(d, dtype, g):
+    shape = (1, d["rows"], d["k"]) if d["batched"] else (d["rows"], d["k"])
+    args = {
+        "x": _normal(shape, g),
+        "weight": _normal((d["n"], d["k"]), g, d["k"] ** -0.5),
+        "bias": _normal((d["n"],), g, 0.1) if d["bias"] else None,
+    }
+    return {"args": args, "grads": [n for n in ("x", "weight", "bias") if args[n] is not None], "dtypes": {}}
+
+
+def _silu_linear_dims(limits):
+    return st.fixed_dictionaries({"t": st.integers(1, 3), "e": _width(limits), "n": _width(limits, 6)})
+
+
+def _silu_linear_build(d, dtype, g):
+    args = {
+        "temb": _normal((d["t"], d["e"]), g, 2.0),
+        "weight": _normal((d["n"], d["e"]), g, d["e"] ** -0.5),
+        "bias": _normal((d["n"],), g, 0.1),
+    }
+    # temb stays float32 at checkpoint precision: it comes from the fp32 time embedder.
+    return {"args": args, "grads": ["temb", "weight", "bias"], "dtypes": {"temb": torch.float32}}
+
+
+def _silu_linear_torch(temb, weight, bias):
+    return F.linear(F.silu(temb).to(weight.dtype), weight, bias)
+
+
+def _table_dims(limits):
+    return st.fixed_dictionaries(
+        {
+            "rows": _rows(limits),
+            "c": _width(limits),
+            "table_rows": st.integers(1, 9),
+            "batch": st.integers(1, 2),
+            "modulated": st.booleans(),
+        }
+    )
+
+
+def _table(d, g, scale):
+    # An (R, C) column slice of an (R, 6C) projection, as the AdaLN chunks are.
+    full = _normal((d["table_rows"], 6 * d["c"]), g, scale)
+    return full[:, d["c"] : 2 * d["c"]]
+
+
+def _rms_build(d, dtype, g):
+    args = {
+        "x": _normal((d["batch"], d["rows"], d["c"]), g, 3.0),
+        "weight": 1.0 + _normal((d["c"],), g, 0.25),
+        "eps": 1e-5,
+        "scale": _table(d, g, 0.5) if d["modulated"] else None,
+        "shift": _table(d, g, 0.5) if d["modulated"] else None,
+        "idx": torch.randint(0, d["table_rows"], (d["rows"],), generator=g) if d["modulated"] else None,
+    }
+    grads = ["x", "weight"] + (["scale", "shift"] if d["modulated"] else [])
+    return {"args": args, "grads": grads, "dtypes": {}}
+
+
+def _rms_torch(x, weight, eps, scale=None, shift=None, idx=None):
+    y = F.rms_norm(x, (x.shape[-1],), weight, eps)
+    if scale is None:
+        return y
+    return y * (1.0 + scale.index_select(0, idx)) + shift.index_select(0, idx)
+
+
+def _rope_dims(limits):
+    return st.fixed_dictionaries(
+        {
+            "rows": _rows(limits),
+            "heads": st.integers(1, limits.max_heads),
+            "head_dim": st.sampled_from([32, 64, 128]),
+            "freq": st.integers(1, 5),
+            "rope": st.booleans(),
+            "batch": st.integers(1, 2),
+        }
+    )
+
+
+def _rope_build(d, dtype, g):
+    rotary = min(6 * d["freq"], d["head_dim"])
+    positions = torch.rand((d["rows"], 1), generator=g, dtype=torch.float64) * 64
+    angles = positions * torch.linspace(0.01, 1.0, rotary // 2, dtype=torch.float64)
+    angles = torch.cat([angles, angles], dim=-1)
+    args = {
+        "x": _normal((d["batch"], d["rows"], d["heads"], d["head_dim"]), g, 2.0),
+        "weight": 1.5 + 1.5 * torch.rand((d["head_dim"],), generator=g, dtype=torch.float64),
+        "eps": 1e-5,
+        "cos": angles.cos() if d["rope"] else None,
+        "sin": angles.sin() if d["rope"] else None,
+    }
+    # cos/sin are float32 in diffusers whatever the model's dtype (the rope module is kept in fp32).
+    return {"args": args, "grads": ["x", "weight"], "dtypes": {"cos": torch.float32, "sin": torch.float32}}
+
+
+def _rope_torch(x, weight, eps, cos=None, sin=None):
+    y = F.rms_norm(x, (x.shape[-1],), weight, eps)
+    if cos is None:
+        return y
+    return _apply_rotary_emb(y, cos, sin)
+
+
+def _attention_dims(limits):
+    return st.fixed_dictionaries(
+        {
+            "rows": _rows(limits),
+            "heads": st.integers(1, limits.max_heads),
+            "head_dim": st.sampled_from([32, 64, 128]),
+            "batch": st.integers(1, 2),
+            "peak": st.sampled_from([1.0, 2.0, 4.0]),
+        }
+    )
+
+
+def _attention_build(d, dtype, g):
+    shape = (d["batch"], d["rows"], d["heads"], d["head_dim"])
+    # Peaky attention (as after the trained model's Q/K norms), so that a dropped or misweighted key shows.
+    args = {"q": _normal(shape, g, d["peak"]), "k": _normal(shape, g, d["peak"]), "v": _normal(shape, g)}
+    return {"args": args, "grads": ["q", "k", "v"], "dtypes": {}}
+
+
+def _attention_torch(q, k, v):
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2)
+
+
+def _swiglu_dims(limits):
+    return st.fixed_dictionaries({"rows": _rows(limits), "f": _width(limits), "batch": st.integers(1, 2)})
+
+
+def _swiglu_build(d, dtype, g):
+    return {"args": {"h": _normal((d["batch"], d["rows"], 2 * d["f"]), g, 2.0)}, "grads": ["h"], "dtypes": {}}
+
+
+def _swiglu_torch(h):
+    a, gate = h.chunk(2, dim=-1)
+    return a * F.silu(gate)
+
+
+def _residual_build(d, dtype, g):
+    shape = (d["batch"], d["rows"], d["c"])
+    args = {
+        "residual": _normal(shape, g, 2.0),
+        "y": _normal(shape, g),
+        "gate": _table(d, g, 1.0) if d["modulated"] else None,
+        "idx": torch.randint(0, d["table_rows"], (d["rows"],), generator=g) if d["modulated"] else None,
+    }
+    return {"args": args, "grads": ["residual", "y"] + (["gate"] if d["modulated"] else []), "dtypes": {}}
+
+
+def _residual_torch(residual, y, gate=None, idx=None):
+    if gate is None:
+        return residual + y
+    return residual + gate.index_select(0, idx) * y
+
+
+OP_SPECS = {
+    spec.name: spec
+    for spec in (
+        OpSpec("linear", _linear_dims, _linear_build, lambda x, weight, bias=None: F.linear(x, weight, bias)),
+        OpSpec("silu_linear", _silu_linear_dims, _silu_linear_build, _silu_linear_torch),
+        OpSpec("rms_norm_modulate", _table_dims, _rms_build, _rms_torch),
+        OpSpec("qk_norm_rope", _rope_dims, _rope_build, _rope_torch),
+        OpSpec("attention", _attention_dims, _attention_build, _attention_torch),
+        OpSpec("swiglu", _swiglu_dims, _swiglu_build, _swiglu_torch),
+        OpSpec("gated_residual", _table_dims, _residual_build, _residual_torch),
+    )
+}
+OPS = tuple(OP_SPECS)
+
+
+# Evaluation -------------------------------------------------------------------------------------------
+
+
+def _carve(tensor: torch.Tensor, device) -> torch.Tensor:
+    """``tensor`` as a strided view into a larger NaN-filled buffer (one extra slot on every axis)."""
+    buffer = torch.full([s + 1 for s in tensor.shape], float("nan"), dtype=tensor.dtype, device=device)
+    view = buffer[tuple(slice(0, s) for s in tensor.shape)]
+    view.copy_(tensor)
+    return view
+
+
+def _prepared(built: dict, dtype: torch.dtype, device, poison: bool) -> dict:
+    out = {}
+    for name, value in built["args"].items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point():
+            value = value.to(built["dtypes"].get(name, dtype) if dtype != torch.float64 else torch.float64)
+            value = _carve(value, device) if poison else value.to(device)
+            value = value.detach().requires_grad_(name in built["grads"])
+        elif isinstance(value, torch.Tensor):
+            value = value.to(device)
+        out[name] = value
+    return out
+
+
+def _forward_backward(fn, built, dtype, device, upstream_seed, poison=False) -> dict[str, torch.Tensor]:
+    args = _prepared(built, dtype, device, poison)
+    out = fn(**args)
+    upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(upstream_seed), dtype=torch.float64)
+    (out.double() * upstream.to(device)).sum().backward()
+    results = {"out": out.detach()}
+    for name in built["grads"]:
+        grad = args[name].grad
+        results[f"grad_{name}"] = grad if grad is not None else torch.zeros_like(args[name])
+    return {k: v.detach().cpu() for k, v in results.items()}
+
+
+def _errors(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    x64, ref64 = x.double(), ref.double()
+    norm = torch.linalg.vector_norm(ref64).item()
+    diff = x64 - ref64
+    relative = torch.linalg.vector_norm(diff).item() / norm if norm else (0.0 if not diff.any() else math.inf)
+    return relative, diff.abs().max().item() if diff.numel() else 0.0
+
+
+def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtype, device: str, seed: int) -> list[Check]:
+    """Every check of one op at one drawn shape and dtype."""
+    built = spec.build(dims, dtype, torch.Generator().manual_seed(seed))
+    reference = _forward_backward(spec.torch_op, built, torch.float64, "cpu", seed)
+    torch_low = _forward_backward(spec.torch_op, built, dtype, device, seed)
+    candidate = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
+    again = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
+    dtype_name = str(dtype).removeprefix("torch.")
+    label = f"{spec.name}[{_dims_label(dims)}, {dtype_name}]"
+    checks = []
+    eps = torch.finfo(dtype).eps
+    # The floor's magnitude: the reference's own, or, where the reference is exactly zero (dq and dk with a
+    # single key), the op's natural scale - the largest magnitude among all its reference outputs.
+    scale = max(ref.double().abs().max().item() for ref in reference.values() if ref.numel())
+    for name, ref in reference.items():
+        where = f"{label}.{name}"
+        key = {"output": name, "dtype": dtype_name}
+        got = candidate[name]
+        if got.shape != ref.shape:
+            checks.append(Check(where, "shape", 1.0, 0.0, False, {**key, "reason": f"shape {tuple(got.shape)}, expected {tuple(ref.shape)}"}))
+            continue
+        bad = int((~torch.isfinite(got)).sum())
+        if bad:
+            checks.append(Check(where, "non_finite", float(bad), 0.0, False, {**key, "reason": f"{bad} NaN/Inf (NaN padding leaked or overflow)"}))
+            continue
+        if not torch.equal(got, again[name]):
+            checks.append(Check(where, "determinism", 1.0, 0.0, False, {**key, "reason": "two runs differ bitwise"}))
+        cand_rel, cand_abs = _errors(got, ref)
+        torch_rel, torch_abs = _errors(torch_low[name], ref)
+        magnitude = ref.double().abs().max().item() if ref.any() else scale
+        abs_bound = ERROR_FACTOR * torch_abs + FLOOR_ULPS * eps * magnitude
+        if ref.any():  # relative L2 is undefined against an exactly-zero reference: max abs decides alone
+            rel_bound = ERROR_FACTOR * torch_rel + FLOOR_ULPS * eps
+            checks.append(Check(where, "relative_l2", cand_rel, rel_bound, cand_rel <= rel_bound, {**key, "torch_error": torch_rel}))
+        checks.append(Check(where, "max_abs", cand_abs, abs_bound, cand_abs <= abs_bound, {**key, "torch_error": torch_abs}))
+    return checks
+
+
+def _dims_label(dims: dict) -> str:
+    return ",".join(f"{k}={v}" for k, v in dims.items())
+
+
+class KernelMismatch(AssertionError):
+    """Raised inside the search so hypothesis shrinks a failing shape to a minimal one."""
+
+
+def check(
+    candidate,
+    op: str,
+    device: str,
+    *,
+    dtypes=tuple(DTYPES),
+    max_examples: int = 8,
+    limits: Limits | None = None,
+    shrink: bool = True,
+    progress=lambda message: None,
+) -> GateResult:
+    """Search shapes for one op of ``candidate``; the worst check per (dtype, output) is kept, failures shrunk."""
+    ops = candidate.kernel_ops()
+    if op not in OP_SPECS:
+        raise ValueError(f"unknown kernel op {op!r}; ops: {', '.join(OPS)}")
+    if op not in ops:
+        missing = Check(op, "missing", 1.0, 0.0, False, {"reason": f"candidate {candidate.name} offers no standalone {op}"})
+        return GateResult(GATE, {"op": op}, [missing], {"candidate": candidate.identity()})
+    spec = OP_SPECS[op]
+    limits = limits or (GPU_LIMITS if torch.device(device).type == "cuda" else INTERPRETER_LIMITS)
+    kept: dict[str, Check] = {}
+    failure: list[Check] = []
+    examples = {"count": 0}
+
+    def keep(checks: list[Check]) -> None:
+        for c in checks:
+            key = f"{c.detail['dtype']}.{c.detail['output']}.{c.kind}"
+            if key not in kept or c.ratio > kept[key].ratio:
+                kept[key] = c
+
+    for dtype_name in dtypes:
+        dtype = DTYPES[dtype_name]
+        phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
+
+        @settings(
+            max_examples=max_examples,
+            derandomize=True,
+            database=None,
+            deadline=None,
+            phases=phases,
+            suppress_health_check=list(HealthCheck),
+        )
+        @given(dims=spec.dims(limits), seed=st.integers(0, 2**31 - 1))
+        def search(dims, seed):
+            examples["count"] += 1
+            progress(f"{op} {dtype_name} #{examples['count']}")
+            checks = evaluate(spec, ops[op], dims, dtype, device, seed)
+            bad = [c for c in checks if not c.passed]
+            if bad:
+                failure[:] = checks
+                raise KernelMismatch(bad[0].line())
+            keep(checks)
+
+        try:
+            search()
+        except KernelMismatch:
+            keep(failure)  # the shrunk (minimal) failing example's checks
+    return GateResult(
+        GATE,
+        {"op": op},
+        list(kept.values()),
+        {"candidate": candidate.identity(), "rule": f"error <= {ERROR_FACTOR} x torch's + {FLOOR_ULPS} ULP"},
+        {"examples": examples["count"]},
+    )
