@@ -84,6 +84,8 @@ class H3Session:
             raise ValueError(f"{where}: unknown gate kind {kind!r}; kinds: {', '.join(RUNNERS)}")
         if len(lists) > 1:
             raise ValueError(f"{where}: one list parameter per gate test, got {sorted(lists)}")
+        if lists.get("blocks") == "all":
+            lists = {**lists, "blocks": list(range(self.model_config()["num_layers"]))}
         for key, values in lists.items():
             if not isinstance(values, (list, tuple)) or not values:
                 raise ValueError(f"{where}: {key} must be a non-empty list, got {values!r}")

@@ -86,5 +86,8 @@ class H3Triton(Candidate):
             )
         return Installation(transformer, self.ops)
 
+    def with_provider_groups(self, groups) -> "H3Triton":
+        return H3Triton("+".join(sorted(set(self.provider_groups) | set(groups))))
+
     def kernel_ops(self) -> dict:
         return dict(KERNEL_OPS)

@@ -35,6 +35,10 @@ class Candidate:
         """Install into ``transformer``; return a handle whose ``remove()`` undoes it."""
         raise CandidateError(f"candidate {self.name} does not implement install()")
 
+    def with_provider_groups(self, groups) -> "Candidate":
+        """This candidate with the op groups ``groups`` run as the provider's ops (for attribution hybrids)."""
+        raise CandidateError(f"candidate {self.name} cannot run op groups as the provider (no hybrids)")
+
     def kernel_ops(self) -> dict[str, Callable]:
         """The candidate's standalone ops for the kernel gate (name -> function); none by default."""
         return {}
@@ -48,18 +52,19 @@ class Candidate:
             handle.remove()
 
 
-class _Nothing:
-    def remove(self) -> None:
-        pass
-
-
 class ProviderCandidate(Candidate):
-    """The provider itself: installs nothing."""
+    """The provider itself: the block program over the provider's ops, bitwise the diffusers model (a test
+    holds this), so the self-check exposes the same internal taps as any program-based candidate."""
 
     name = "provider"
 
     def install(self, transformer):
-        return _Nothing()
+        from h3gate.block_program import PROVIDER_OPS, Installation
+
+        return Installation(transformer, PROVIDER_OPS)
+
+    def with_provider_groups(self, groups) -> "Candidate":
+        return self
 
 
 def source_digest(*roots: Path) -> str:

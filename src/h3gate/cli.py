@@ -1,4 +1,4 @@
-"""``h3gate``: the engine's command line (models, variants, candidates, contract locking).
+"""``h3gate``: the engine's command line (models, variants, candidates, contract locking, evidence).
 
 argparse, because it ships with Python and gives every subcommand its own ``--help``.
 """
@@ -52,6 +52,110 @@ def _lock(args) -> int:
     return 0
 
 
+# Evidence -----------------------------------------------------------------------------------------------
+
+# One exit code per kind of refusal, so CI can tell a tampered artifact from a failed gate without parsing text.
+EXIT_CODES = {
+    "signature": 3,
+    "unsigned": 4,
+    "digest": 5,
+    "lock": 6,
+    "incomplete": 7,
+    "failed": 8,
+    "malformed": 9,
+    "conflict": 10,
+}
+VERIFY_CODES = """exit codes:
+  0  evidence holds: signature (when --key), artifacts, lock (when --thresholds), PASSED and complete
+  2  usage: bad arguments, unreadable key, missing file or folder
+  3  bad signature: no signature by --key, or it does not verify (statement changed after signing)
+  4  unsigned evidence although --key was given
+  5  an artifact is missing or its sha256 differs from the evidence
+  6  the thresholds lock does not verify, or a bounds/contract digest differs from the locked one
+  7  incomplete: a required gate was skipped, deselected or crashed (or --profile asks for more)
+  8  one or more gate tests failed
+  9  malformed evidence: not a DSSE envelope of an h3gate statement, or verdict fields that do not
+     follow from the recorded tests"""
+MERGE_CODES = """exit codes:
+  0  merged
+  2  usage: bad arguments, unreadable key, missing shard
+  3  with a key: a shard's signature is not by that key or does not verify
+  4  with a key: a shard is unsigned
+  9  a shard is malformed evidence
+  10 shards conflict: different model, candidate, bounds, contracts or profile, a test in two shards, or
+     one artifact name with two digests (the message names the difference)"""
+
+
+def _refuse(command: str, code: int, reason: str) -> int:
+    print(f"h3gate {command}: {reason}".replace("\n", " "), file=sys.stderr)
+    return code
+
+
+def _keygen(args) -> int:
+    from h3gate.evidence import keygen, keyid, load_public_key
+
+    try:
+        private, public = keygen(Path(args.out_dir))
+    except FileExistsError as error:
+        return _refuse("keygen", 2, str(error))
+    print(f"private key {private} (mode 0600: keep it secret, e.g. as the CI secret H3GATE_SIGN_KEY)")
+    print(f"public key  {public} (keyid {keyid(load_public_key(public))})")
+    return 0
+
+
+def _verify(args) -> int:
+    from h3gate import evidence
+
+    for path, what in ((args.evidence, "evidence"), (args.root, "--root"), (args.thresholds, "--thresholds")):
+        if path is not None and not Path(path).exists():
+            return _refuse("verify", 2, f"{what} {path} does not exist")
+    try:
+        key = evidence.load_public_key(args.key) if args.key else None
+        required = evidence.profile(args.profile) if args.profile else None
+    except ValueError as error:
+        return _refuse("verify", 2, str(error))
+    try:
+        outcome = evidence.verify(Path(args.evidence), key, args.thresholds, args.root, required)
+    except evidence.EvidenceError as error:
+        return _refuse("verify", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
+    print(outcome.line())
+    return 0
+
+
+def _report(args) -> int:
+    from h3gate.evidence import EvidenceError
+    from h3gate.report import write_report
+
+    evidence = Path(args.evidence)
+    if not evidence.exists():
+        return _refuse("report", 2, f"evidence {evidence} does not exist")
+    out = Path(args.out) if args.out else (evidence if evidence.is_dir() else evidence.parent) / "report.md"
+    try:
+        print(write_report(evidence, out))
+    except EvidenceError as error:
+        return _refuse("report", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
+    return 0
+
+
+def _merge(args) -> int:
+    from h3gate import evidence
+
+    for shard in args.shards:
+        if not Path(shard).exists():
+            return _refuse("merge", 2, f"shard {shard} does not exist")
+    try:
+        key = evidence.load_private_key(args.key)
+    except ValueError as error:
+        return _refuse("merge", 2, str(error))
+    try:
+        path = evidence.merge([Path(shard) for shard in args.shards], Path(args.out), key)
+    except evidence.EvidenceError as error:
+        return _refuse("merge", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
+    signed = f"signed, keyid {evidence.keyid(key.public_key())[:16]}" if key else "UNSIGNED"
+    print(f"merged {len(args.shards)} shards into {path} ({signed})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="h3gate",
@@ -80,6 +184,56 @@ def build_parser() -> argparse.ArgumentParser:
     lock.add_argument("contracts", nargs="+", help="contract files (*-contract.json) under the thresholds folder")
     lock.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")
     lock.set_defaults(run=_lock)
+
+    keygen = commands.add_parser("keygen", help="create an Ed25519 key pair for signing evidence")
+    keygen.add_argument("out_dir", metavar="OUT_DIR", help="folder for h3gate-signing-key.pem (0600) and .pub.pem")
+    keygen.set_defaults(run=_keygen)
+
+    verify = commands.add_parser(
+        "verify",
+        help="check evidence: signature, artifact digests, thresholds lock, completeness, verdict",
+        description="Check an evidence file; prints one line on success, one reason on stderr otherwise.",
+        epilog=VERIFY_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    verify.add_argument("evidence", metavar="EVIDENCE", help="evidence.json (or the folder holding it)")
+    verify.add_argument("--key", metavar="PUB", help="public key PEM: the evidence must be signed by it (else exit 4)")
+    verify.add_argument(
+        "--thresholds",
+        metavar="DIR",
+        help="thresholds folder whose LOCK.json must hold the evidence's bounds and contracts (default: not checked)",
+    )
+    verify.add_argument(
+        "--root", metavar="DIR", help="folder the artifact names are relative to (default: the evidence's folder)"
+    )
+    verify.add_argument("--profile", help="require this completeness profile instead of the recorded one (release, ci)")
+    verify.set_defaults(run=_verify)
+
+    report = commands.add_parser("report", help="render evidence as markdown with PNG plots, for a PR or CI summary")
+    report.add_argument("evidence", metavar="EVIDENCE", help="evidence.json (or the folder holding it)")
+    report.add_argument(
+        "-o",
+        "--out",
+        metavar="OUT.md",
+        help="markdown to write; plots go to OUT-plots/ beside it (default: report.md beside the evidence)",
+    )
+    report.set_defaults(run=_report)
+
+    merge = commands.add_parser(
+        "merge",
+        help="join the evidence of shards (xdist, Slurm tasks) into one",
+        description="Join shard evidence into OUT/evidence.json (+ SHA256SUMS, redaction.json). Signed with --key, "
+        "else with the PEM text in H3GATE_SIGN_KEY, else unsigned; when signing, every shard must be signed by "
+        "that same key.",
+        epilog=MERGE_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    merge.add_argument("shards", metavar="SHARD", nargs="+", help="shard evidence.json files (or their folders)")
+    merge.add_argument("-o", "--out", metavar="OUT", required=True, help="folder for the merged evidence")
+    merge.add_argument(
+        "--key", metavar="PRIV", help="private key PEM to sign with (default: H3GATE_SIGN_KEY, else unsigned)"
+    )
+    merge.set_defaults(run=_merge)
     return parser
 
 

@@ -1,0 +1,343 @@
+"""The ``block`` gate: one transformer block replayed from captured inputs, every internal tap compared.
+
+When the model gate fails the next question is "which op?". Capture: a provider forward at the model
+contract records the exact inputs of the chosen blocks (hidden_states, temb, adaln_indices, rotary cos/sin)
+into safetensors with a sha256 sidecar; a capture whose file does not match its sidecar is refused. Replay:
+the block alone, forward and backward from a seeded upstream gradient, under golden (an fp32 copy of the
+block), the provider and each variant (the block program over the provider's ops, bitwise diffusers) and
+the candidate, recording every named point of the block program, its gradient, every parameter gradient and
+the input gradients. Bounds: the ensemble rule per tap, frozen like the model gate's.
+
+Attribution: hybrids of the candidate with one op group at a time run as the provider; the group whose swap
+back removes most of the error is named. With every group as the provider the block must be bitwise the
+provider: the gate checks that self-consistency. ULP sweep: per tap the histogram of ULP distances to golden
+rounded to the tap's dtype, candidate beside provider, as JSON and as a PNG heat map (matplotlib).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import io
+import math
+from pathlib import Path
+
+import torch
+
+from h3gate import bounds as bounds_mod
+from h3gate import numerics
+from h3gate.block_program import BLOCK_TAP_POINTS, OP_GROUPS, PROVIDER_OPS, TAP_POINT, transformer_block_forward
+from h3gate.candidates import Candidate, CandidateError
+from h3gate.compare import relative_l2, ulp_distance
+from h3gate.contract import ModelContract, model_inputs
+from h3gate.files import FileFormatError, dumps, read_json, sha256_file, write_atomic, write_json
+from h3gate.gates.model import inventory_checks
+from h3gate.measure import timed
+from h3gate.model import Model
+from h3gate.taps import TapStore
+from h3gate.verdict import Check, GateResult
+
+GATE = "block"
+CAPTURE_KEYS = ("hidden_states", "temb", "adaln_indices", "cos", "sin")
+ULP_BINS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, math.inf)
+
+
+def bounds_stem(block: int) -> str:
+    return f"block{block}"
+
+
+# Capture ----------------------------------------------------------------------------------------------
+
+
+def capture_path(out_dir: Path, model: Model, block: int) -> Path:
+    return Path(out_dir) / "captures" / f"{model.name}-{model.identity[:12]}" / f"block{block}.safetensors"
+
+
+def capture(model: Model, contract: ModelContract, device: str, block: int, out_dir: Path) -> tuple[dict, str]:
+    """(inputs of ``block`` in a provider forward at the contract, sha256 of the capture file); cached on disk."""
+    from safetensors.torch import load_file, save
+
+    path = capture_path(out_dir, model, block)
+    sidecar = path.with_suffix(".json")
+    if path.exists():
+        recorded = read_json(sidecar, "capture sidecar")
+        digest = sha256_file(path)
+        if recorded.get("sha256") != digest or recorded.get("model_identity") != model.identity:
+            raise FileFormatError(
+                path, f"capture does not match its sidecar {sidecar.name} (sha256 {digest[:12]}, recorded "
+                f"{str(recorded.get('sha256'))[:12]}): delete both files to capture again"
+            )
+        return load_file(path), digest
+    inputs, _ = model_inputs(contract, model.config)
+    captured = {}
+
+    def grab(_module, args, kwargs):
+        names = ("hidden_states", "temb", "adaln_indices", "rotary_emb")
+        bound = dict(zip(names, args)) | kwargs
+        cos, sin = bound["rotary_emb"]
+        for name, tensor in (("hidden_states", bound["hidden_states"]), ("temb", bound["temb"]),
+                             ("adaln_indices", bound["adaln_indices"]), ("cos", cos), ("sin", sin)):
+            captured[name] = tensor.detach().to("cpu", copy=True).contiguous()
+
+    transformer = model.transformer.to(device)
+    handle = transformer.transformer_blocks[block].register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        with numerics.activate(numerics.PROVIDER), torch.no_grad():
+            transformer(**{k: v.to(device) for k, v in inputs.items()})
+    finally:
+        handle.remove()
+    write_atomic(path, save(captured))
+    digest = sha256_file(path)
+    write_json(sidecar, {"sha256": digest, "model_identity": model.identity, "block": block, "contract": contract.to_json()})
+    return captured, digest
+
+
+# Replay -----------------------------------------------------------------------------------------------
+
+
+def _upstream(shape, seed: int) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+
+
+def replay(block_module, captured: dict, device: str, call=None, seed: int = 0) -> TapStore:
+    """Forward+backward of one block at the captured inputs; every program point, gradient and parameter gradient."""
+    store = TapStore()
+    dtype = next(block_module.parameters()).dtype
+    # Fresh leaves per replay: a leaf shared across replays would accumulate their gradients.
+    hidden = captured["hidden_states"].to(device, dtype, copy=True).requires_grad_(True)
+    temb = captured["temb"].to(device, copy=True).requires_grad_(True)
+    rotary = (captured["cos"].to(device), captured["sin"].to(device))
+    indices = captured["adaln_indices"].to(device)
+
+    def point(module, name, tensor):
+        if module is block_module:
+            store.put(name, tensor)
+            if tensor.requires_grad:
+                tensor.register_hook(lambda grad, name=name: store.put(f"{name}.grad", grad))
+
+    block_module.zero_grad(set_to_none=True)
+    token = TAP_POINT.set(point)
+    try:
+        output = (call or block_module)(hidden, temb, indices, rotary)
+        store.put("output", output)
+        (output.float() * _upstream(output.shape, seed).to(device)).sum().backward()
+    finally:
+        TAP_POINT.reset(token)
+    for name, tensor in (("hidden_states", hidden), ("temb", temb)):
+        store.put(f"input_gradients.{name}", tensor.grad if tensor.grad is not None else torch.zeros_like(tensor))
+    for name, param in block_module.named_parameters():
+        store.put(f"parameter.{name}.grad", param.grad if param.grad is not None else torch.zeros_like(param))
+    block_module.zero_grad(set_to_none=True)
+    return store
+
+
+def _program_block(block_module, ops):
+    """A standalone copy of a block whose forward is the block program over ``ops``."""
+    module = copy.deepcopy(block_module)
+    module.forward = functools.partial(transformer_block_forward, ops, module)
+    return module
+
+
+def provider_replay(model: Model, block: int, captured: dict, device: str, mode: numerics.Mode) -> TapStore:
+    """Golden, the provider or a variant: the block program over the provider's ops (bitwise diffusers)."""
+    source = model.transformer.transformer_blocks[block]
+    module = _program_block(source, PROVIDER_OPS).to(device)
+    if mode.fp32_weights:
+        module.float()
+    with numerics.activate(mode):
+        return replay(module, captured, device, numerics.runner(mode, module))
+
+
+def candidate_replay(model: Model, block: int, captured: dict, device: str, candidate: Candidate) -> TapStore:
+    """The candidate installed into the whole transformer; its block ``block`` replayed."""
+    transformer = model.transformer.to(device)
+    with numerics.activate(numerics.PROVIDER), candidate.installed(transformer):
+        store = replay(transformer.transformer_blocks[block], captured, device)
+    for name in store:
+        tensor = store[name]
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise CandidateError(f"candidate {candidate.name} produced non-finite values in block {block} tap {name}")
+    return store
+
+
+def _errors(store: TapStore, golden: TapStore) -> dict[str, float]:
+    return {name: relative_l2(store[name], golden[name]) for name in store if name in golden}
+
+
+# Freeze and check -------------------------------------------------------------------------------------
+
+
+def freeze(model, contract, device, block, thresholds, out_dir, variant_names=None, force_reason=None, progress=lambda m: None):
+    """Capture, then golden, provider and variants replays; the ensemble bounds of every tap, frozen and locked."""
+    device_class = bounds_mod.device_class(device)
+    path = bounds_mod.bounds_path(thresholds, model.name, device_class, bounds_stem(block))
+    bounds_mod.refuse_overwrite(path, force_reason)
+    timings: dict[str, float] = {}
+    progress("capture")
+    with timed(timings, "capture"):
+        captured, digest = capture(model, contract, device, block, out_dir)
+    progress("golden")
+    with timed(timings, "golden"):
+        golden = provider_replay(model, block, captured, device, numerics.GOLDEN)
+    modes = [numerics.PROVIDER] + [numerics.get(n, device) for n in (variant_names or [m.name for m in numerics.variants(device)])]
+    errors = {}
+    for mode in modes:
+        progress(mode.name)
+        with timed(timings, mode.name):
+            errors[mode.name] = _errors(provider_replay(model, block, captured, device, mode), golden)
+    table, kept, providers, dropped = bounds_mod.ensemble(errors)
+    frozen = bounds_mod.Bounds(
+        gate=GATE,
+        model_identity=model.identity,
+        device_class=device_class,
+        bounds=table,
+        errors=kept,
+        sources=[m.name for m in modes],
+        providers=providers,
+        duplicates_dropped=dropped,
+        provenance=bounds_mod.provenance(
+            {"model_source": model.source, "block": block, "capture_sha256": digest, "contract": contract.to_json(), "timings_s": timings}
+        ),
+    )
+    bounds_mod.save(frozen, path, thresholds, force_reason)
+    return frozen
+
+
+def check(model, candidate, contract, frozen, device, block, out_dir, progress=lambda m: None) -> GateResult:
+    """The candidate's block against frozen bounds, with attribution, self-consistency and the ULP sweep."""
+    timings: dict[str, float] = {}
+    progress("capture")
+    with timed(timings, "capture"):
+        captured, digest = capture(model, contract, device, block, out_dir)
+    if digest != frozen.provenance.get("capture_sha256"):
+        raise bounds_mod.BoundsError(
+            f"the capture of block {block} (sha256 {digest[:12]}) is not the one {frozen.path} was frozen from "
+            f"({str(frozen.provenance.get('capture_sha256'))[:12]}): the model, contract or provider changed; re-freeze"
+        )
+    progress("golden")
+    with timed(timings, "golden"):
+        golden = provider_replay(model, block, captured, device, numerics.GOLDEN)
+    progress("provider")
+    with timed(timings, "provider"):
+        provider = provider_replay(model, block, captured, device, numerics.PROVIDER)
+    progress(f"candidate {candidate.name}")
+    with timed(timings, "candidate"):
+        measured = candidate_replay(model, block, captured, device, candidate)
+    candidate_errors = _errors(measured, golden)
+    provider_errors = _errors(provider, golden)
+    if not any(point in measured for point in BLOCK_TAP_POINTS):
+        reason = (
+            f"candidate {candidate.name} exposes none of the block program's tap points (its blocks do not run "
+            "through h3gate.block_program), so the block's internal taps cannot be compared"
+        )
+        checks = [Check("internal taps", "inventory", 1.0, 0.0, False, {"reason": reason})]
+    else:
+        checks = inventory_checks(set(measured), set(frozen.bounds))
+    for tap, value in candidate_errors.items():
+        if tap in frozen.bounds:
+            detail = {"provider_relative_l2": provider_errors[tap]}
+            checks.append(Check(tap, "relative_l2", value, frozen.bounds[tap], value <= frozen.bounds[tap], detail))
+    with timed(timings, "attribution"):
+        attribution, consistency = attribute(model, block, captured, device, candidate, golden, provider, frozen, progress)
+    checks += consistency
+    with timed(timings, "ulp"):
+        ulp = ulp_sweep(measured, provider, golden)
+        artifacts = write_ulp_artifacts(ulp, Path(out_dir) / "block" / f"{model.name}-block{block}")
+    return GateResult(
+        gate=GATE,
+        params={"block": block},
+        checks=checks,
+        context={
+            "bounds_file": str(frozen.path),
+            "bounds_sha256": sha256_file(frozen.path) if frozen.path else "",
+            "capture_sha256": digest,
+            "model_identity": model.identity,
+            "candidate": candidate.identity(),
+            "artifacts": artifacts,
+        },
+        metrics={"candidate": candidate_errors, "provider": provider_errors, "attribution": attribution, "ulp": ulp},
+        timings=timings,
+    )
+
+
+def attribute(model, block, captured, device, candidate, golden, provider, frozen, progress):
+    """Hybrid runs: per op group swapped back to the provider, the error table, and the group they point at."""
+    try:
+        hybrids = {group: candidate.with_provider_groups((group,)) for group in OP_GROUPS}
+        everything = candidate.with_provider_groups(OP_GROUPS)
+    except CandidateError as error:
+        return {"unavailable": str(error)}, []
+    tables = {}
+    for group, hybrid in hybrids.items():
+        progress(f"hybrid {group}")
+        tables[group] = _errors(candidate_replay(model, block, captured, device, hybrid), golden)
+    progress("hybrid all groups")
+    all_provider = candidate_replay(model, block, captured, device, everything)
+    differing = [name for name in provider if name not in all_provider or not torch.equal(all_provider[name], provider[name])]
+    consistency = [
+        Check(
+            "hybrid[all groups as provider]",
+            "self_consistency",
+            float(len(differing)),
+            0.0,
+            not differing,
+            {"reason": f"{len(differing)} taps differ bitwise from the provider: {differing[:5]}"} if differing else {},
+        )
+    ]
+
+    def score(table):
+        return max((table[tap] / frozen.bounds[tap] for tap in table if tap in frozen.bounds), default=0.0)
+
+    scores = {group: score(table) for group, table in tables.items()}
+    return {"tables": tables, "worst_ratio": scores, "attributed_group": min(scores, key=scores.get)}, consistency
+
+
+# ULP sweep --------------------------------------------------------------------------------------------
+
+
+def _histogram(distances: torch.Tensor) -> list[int]:
+    edges = torch.tensor([b for b in ULP_BINS[1:-1]], dtype=torch.int64)
+    index = torch.bucketize(distances.flatten(), edges, right=True)
+    return torch.bincount(index, minlength=len(ULP_BINS) - 1).tolist()
+
+
+def ulp_sweep(candidate: TapStore, provider: TapStore, golden: TapStore) -> dict:
+    """Per tap: ULP-distance histograms (bins ``ULP_BINS``) of candidate and provider against golden."""
+    sweep = {}
+    for name in golden:
+        if name in candidate and name in provider and golden[name].is_floating_point():
+            sweep[name] = {
+                "dtype": str(candidate[name].dtype).removeprefix("torch."),
+                "candidate": _histogram(ulp_distance(candidate[name], golden[name])),
+                "provider": _histogram(ulp_distance(provider[name], golden[name])),
+            }
+    return {"bins": [str(b) for b in ULP_BINS], "taps": sweep}
+
+
+def write_ulp_artifacts(sweep: dict, stem: Path) -> dict[str, str]:
+    """``<stem>-ulp.json`` and ``<stem>-ulp.png`` (heat maps: tap x ULP bin, provider beside candidate)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    json_path = stem.with_name(stem.name + "-ulp.json")
+    write_atomic(json_path, dumps(sweep))
+    taps = list(sweep["taps"])
+    labels = [f"[{sweep['bins'][i]}, {sweep['bins'][i + 1]})" for i in range(len(sweep["bins"]) - 1)]
+    figure, axes = plt.subplots(1, 2, figsize=(14, 0.28 * len(taps) + 2), sharey=True)
+    for axis, who in zip(axes, ("provider", "candidate")):
+        counts = np.array([sweep["taps"][t][who] for t in taps], dtype=float)
+        fractions = counts / np.maximum(counts.sum(axis=1, keepdims=True), 1)
+        image = axis.imshow(fractions, aspect="auto", cmap="viridis", vmin=0, vmax=1)
+        axis.set_title(f"{who}: fraction of elements per ULP distance to golden")
+        axis.set_xticks(range(len(labels)), labels, rotation=60, fontsize=7)
+        axis.set_yticks(range(len(taps)), taps, fontsize=7)
+    figure.colorbar(image, ax=axes, shrink=0.6)
+    png_path = stem.with_name(stem.name + "-ulp.png")
+    image_bytes = io.BytesIO()
+    figure.savefig(image_bytes, format="png", dpi=110, bbox_inches="tight")
+    plt.close(figure)
+    write_atomic(png_path, image_bytes.getvalue())
+    return {"ulp_json": str(json_path), "ulp_png": str(png_path)}
