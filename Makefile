@@ -22,10 +22,20 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e ".[test]"
 	touch $@
 
+# The evidence of `make gate` is signed with a throwaway key made here once (pass SIGN_KEY=... for a real one).
+THROWAWAY_KEY := $(OUT)/throwaway-key/h3gate-signing-key.pem
+SIGN_KEY ?= $(THROWAWAY_KEY)
+
+$(THROWAWAY_KEY): | $(STAMP)
+	$(BIN)/h3gate keygen $(dir $@)
+	@echo "make gate: signing with a THROWAWAY key generated in $(dir $@) (not a key anyone trusts)"
+
 # The gate suite on the embedded tiny model, on CPU under Triton's interpreter: evidence and JUnit in $(OUT).
-gate: $(STAMP)
+gate: $(STAMP) $(SIGN_KEY)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -m gate tests/gates --h3-model=tiny --h3-device=cpu \
-		--h3-out=$(OUT) --junitxml=$(OUT)/junit.xml $(PYTEST_ARGS)
+		--h3-out=$(OUT) --junitxml=$(OUT)/junit.xml --h3-sign-key=$(SIGN_KEY) $(PYTEST_ARGS)
+	$(BIN)/h3gate verify $(OUT)/evidence.json --key $(SIGN_KEY:.pem=.pub.pem)
+	$(BIN)/h3gate report $(OUT)/evidence.json -o $(OUT)/report.md
 
 # The whole CPU test suite.
 test: $(STAMP)

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from pytest_h3 import distribution
+from pytest_h3.ledger import gate_of
 from pytest_h3.session import H3Session, SESSION_KEY
 
 MARKER_HELP = (
@@ -68,6 +70,27 @@ def pytest_addoption(parser):
         "device; 'h3gate variants' lists them)",
     )
     group.addoption("--h3-model-seed", type=int, default=0, help="weight seed of an embedded model (default: 0)")
+    group.addoption(
+        "--h3-sign-key",
+        metavar="PEM",
+        default=None,
+        help="Ed25519 private key (PEM file) that signs the evidence; without it the key comes from the "
+        "H3GATE_SIGN_KEY environment variable (PEM text), and without that the evidence is written UNSIGNED "
+        "(h3gate keygen DIR makes a key pair)",
+    )
+    group.addoption(
+        "--h3-profile",
+        default="ci",
+        help="completeness profile of the evidence: the gates a run must contain to be PASSED rather than "
+        "INCOMPLETE ('ci': kernel, block, model; 'release': those plus generation seeds 42, 43, 44; default: ci)",
+    )
+    group.addoption(
+        "--h3-shard",
+        metavar="I/N",
+        default=None,
+        help="run the I-th of N deterministic shares of the gate items (e.g. one per Slurm array task); join "
+        "the shards' evidence with 'h3gate merge'",
+    )
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -78,7 +101,9 @@ def pytest_load_initial_conftests(early_config, parser, args):
     included, and diffusers imports triton: conftest files importing the engine would freeze it
     uninterpreted. This hook runs before any conftest is loaded.
     """
-    device = H3Session.resolve_device(early_config.known_args_namespace.h3_device)
+    option = early_config.known_args_namespace.h3_device
+    distribution.prepare(option)
+    device = H3Session.resolve_device(option)
     if device == "cpu" and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
         os.environ["TRITON_INTERPRET"] = "1"
 
@@ -93,7 +118,8 @@ def pytest_configure(config):
             )
     elif config.getoption("--h3-freeze-force") or config.getoption("--h3-variants"):
         raise pytest.UsageError("--h3-freeze-force and --h3-variants only apply together with --h3-freeze")
-    config.stash[SESSION_KEY] = H3Session(config)
+    h3 = config.stash[SESSION_KEY] = H3Session(config)
+    config.pluginmanager.register(h3.ledger, f"h3-ledger-{id(config)}")
 
 
 def _xdist_workers(config) -> bool:
@@ -108,6 +134,37 @@ def pytest_sessionstart(session):
 def pytest_itemcollected(item):
     if item.get_closest_marker("h3_gate") is not None:
         item.add_marker(pytest.mark.gate)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(session, config, items):
+    spec = config.getoption("--h3-shard")
+    if spec:
+        kept, dropped = distribution.shard(items, spec)
+        items[:] = kept
+        config.stash[SESSION_KEY].ledger.outside_shard.update(item.nodeid for item in dropped)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    gate = gate_of(item)
+    if gate is not None:
+        report.h3_gate = gate  # rides to the xdist controller with the report
+    return report
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_auto_num_workers(config):
+    return distribution.auto_workers(config.getoption("--h3-device"))
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    h3 = config.stash.get(SESSION_KEY, None)
+    if h3 is not None and h3.summary:
+        terminalreporter.write_sep("-", "pytest-h3")
+        for line in h3.summary:
+            terminalreporter.write_line(line)
 
 
 def pytest_generate_tests(metafunc):
@@ -151,10 +208,11 @@ def h3_gate(request, h3_session, record_property):
     return h3_session.gate(marker.args[0], params, options, request.node, record_property)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     h3 = session.config.stash.get(SESSION_KEY, None)
     if h3 is not None:
-        h3.finish(exitstatus)
+        h3.finish()
 
 
 def freeze_command(config, nodeid: str) -> str:

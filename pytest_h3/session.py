@@ -13,6 +13,8 @@ import pytest
 
 from h3gate import bounds as bounds_mod
 from h3gate.files import write_json
+from pytest_h3.ledger import Ledger
+from pytest_h3.report import device_facts, write_session_evidence
 from h3gate.presets import TRANSFORMER_CONFIGS
 from h3gate.verdict import Check, GateResult
 
@@ -27,7 +29,8 @@ class H3Session:
         self.out = Path(config.getoption("--h3-out"))
         thresholds = config.getoption("--h3-thresholds")
         self.thresholds = Path(thresholds) if thresholds else Path(config.rootpath) / "thresholds"
-        self.results: dict[str, dict] = {}
+        self.ledger = Ledger()
+        self.summary: list[str] = []
         self._model = None
         self._candidate = None
 
@@ -124,13 +127,19 @@ class H3Session:
         except (bounds_mod.BoundsError, ValueError) as error:
             raise pytest.UsageError(str(error)) from None
 
-    def record(self, nodeid: str, result: GateResult) -> None:
-        self.results[nodeid] = result.to_json()
-
-    def finish(self, exitstatus) -> None:
-        if not self.results or getattr(self.config, "workerinput", None) is not None:
+    def finish(self) -> None:
+        """Worker: hand the results to the controller. Otherwise: write results.json and the evidence."""
+        workeroutput = getattr(self.config, "workeroutput", None)
+        if workeroutput is not None:
+            workeroutput["h3"] = self.ledger.worker_output()
             return
-        write_json(self.out / "results.json", {"schema": "h3gate.results/1", "results": self.results})
+        outcomes = self.ledger.final_outcomes()
+        if self.freezing or not outcomes:
+            return
+        results_path = self.out / "results.json"
+        write_json(results_path, {"schema": "h3gate.results/1", "results": self.ledger.results})
+        self.summary.append(f"results: {results_path}")
+        self.summary.append(f"evidence: {write_session_evidence(self, results_path, outcomes)}")
 
     # Gates ----------------------------------------------------------------------------------------------
 
@@ -153,7 +162,10 @@ class GateItem:
         from pytest_h3.gates import RUNNERS
 
         result = RUNNERS[self.kind](self)
-        self.session.record(self.node.nodeid, result)
+        result.context.setdefault("model", {"name": self.session.model.name, "identity": self.session.model.identity,
+                                            "source": self.session.model.source})
+        result.context["device"] = device_facts(self.session.device)
+        self.session.ledger.record_result(self.node.nodeid, result.to_json())
         self.record_property("h3_gate", self.kind)
         self.record_property("h3_passed", result.passed)
         self.record_property("h3_summary", result.summary())

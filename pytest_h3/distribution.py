@@ -1,0 +1,74 @@
+"""Spreading gate items: one xdist worker per GPU, each pinned to its own GPU, and deterministic shards.
+
+Pinning must happen before anything in the worker touches CUDA (once the driver is initialised,
+``CUDA_VISIBLE_DEVICES`` is read no more), so it runs in the worker's earliest hook. A worker takes the
+entry of the *caller's* visible-GPU list at its own index — never ``device_count()`` modulo, which sends
+every worker to one GPU when the caller had narrowed the list. The controller publishes that list in
+``H3GATE_CALLER_GPUS`` before it starts the workers, which inherit its environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+CALLER_GPUS = "H3GATE_CALLER_GPUS"
+
+
+def caller_gpus() -> list[str]:
+    """The GPUs the caller made visible: its CUDA_VISIBLE_DEVICES entries, or every device's index."""
+    listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if listed is not None:
+        return [entry.strip() for entry in listed.split(",") if entry.strip()]
+    import torch
+
+    return [str(index) for index in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
+
+
+def worker_index() -> int | None:
+    match = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
+    return int(match.group(1)) if match else None
+
+
+def prepare(device_option: str) -> None:
+    """Controller: publish the caller's GPU list. Worker: pin itself to its GPU (before CUDA is touched)."""
+    if device_option == "cpu":
+        return
+    index = worker_index()
+    if index is None:
+        os.environ[CALLER_GPUS] = ",".join(caller_gpus())
+        return
+    gpus = [gpu for gpu in os.environ.get(CALLER_GPUS, "").split(",") if gpu]
+    if not gpus:
+        return  # the caller saw no GPU: the worker runs on CPU like its controller
+    if index >= len(gpus):
+        raise pytest.UsageError(
+            f"xdist worker gw{index} has no GPU of its own: the caller sees {len(gpus)} GPU(s) "
+            f"({','.join(gpus)}); run with -n {len(gpus)} or -n auto"
+        )
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index]
+
+
+def auto_workers(device_option: str) -> int | None:
+    """``-n auto``: one worker per visible GPU; None (xdist's own choice) on CPU."""
+    if device_option == "cpu":
+        return None
+    gpus = caller_gpus()
+    return len(gpus) or None
+
+
+def parse_shard(spec: str) -> tuple[int, int]:
+    match = re.fullmatch(r"(\d+)/(\d+)", spec)
+    if not match or not 0 <= int(match.group(1)) < int(match.group(2)):
+        raise pytest.UsageError(f"--h3-shard={spec!r}: expected I/N with 0 <= I < N, e.g. 0/4")
+    return int(match.group(1)), int(match.group(2))
+
+
+def shard(items: list, spec: str) -> tuple[list, list]:
+    """(kept, dropped): gate items dealt round-robin by sorted node id; other tests stay in every shard."""
+    index, count = parse_shard(spec)
+    gates = sorted((item for item in items if item.get_closest_marker("h3_gate")), key=lambda item: item.nodeid)
+    dropped = {item.nodeid for position, item in enumerate(gates) if position % count != index}
+    return [i for i in items if i.nodeid not in dropped], [i for i in items if i.nodeid in dropped]

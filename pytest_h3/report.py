@@ -1,0 +1,61 @@
+"""The session's evidence: the engine's signed statement over what the ledger saw, written at session end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from h3gate import environment, evidence
+
+
+def device_facts(device: str) -> dict:
+    """The device an item ran on: its name and PCI bus id on a GPU (to show each xdist worker had its own)."""
+    if not device.startswith("cuda"):
+        return {"device": device}
+    index = torch.device(device).index or 0
+    gpu = environment.gpus()[index]
+    return {"device": device, "name": gpu["name"], "pci_bus_id": gpu["pci_bus_id"], "uuid": gpu["uuid"]}
+
+
+def _artifacts(results: dict, out: Path, extra: list[Path]) -> list[Path]:
+    paths = set(extra)
+    for result in results.values():
+        for path in (result.get("context", {}).get("artifacts") or {}).values():
+            paths.add(Path(path))
+    return sorted(path for path in paths if path.is_file())
+
+
+def _files(results: dict, thresholds: Path, model_name: str) -> list[Path]:
+    """Bounds files the results used and the model's contracts."""
+    files = {Path(r["context"]["bounds_file"]) for r in results.values() if r.get("context", {}).get("bounds_file")}
+    files |= set((thresholds / model_name).glob("*-contract.json"))
+    return sorted(path for path in files if path.is_file())
+
+
+def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
+    results = session.ledger.results
+    contexts = [r.get("context", {}) for r in results.values()]
+    model = next((c["model"] for c in contexts if "model" in c), None)
+    if model is None:
+        model = {"name": session.model.name, "identity": session.model.identity, "source": session.model.source}
+    candidate = next((c["candidate"] for c in contexts if "candidate" in c), None) or session.candidate.identity()
+    junit = session.config.getoption("xmlpath", None)
+    extra = [results_path] + ([Path(junit)] if junit and Path(junit).is_file() else [])
+    key = evidence.load_private_key(session.config.getoption("--h3-sign-key"))
+    path = evidence.write_evidence(
+        session.out,
+        results,
+        outcomes,
+        evidence.profile(session.config.getoption("--h3-profile")),
+        _artifacts(results, session.out, extra),
+        session.thresholds,
+        _files(results, session.thresholds, model["name"]),
+        model,
+        candidate,
+        environment.collect(),
+        key,
+    )
+    if key is None:
+        session.summary.append("evidence is UNSIGNED: pass --h3-sign-key or set H3GATE_SIGN_KEY to sign it")
+    return path
