@@ -10,7 +10,7 @@ every row. Full key tiles run unmasked; only the last partial tile pays for the 
 out of the softmax. Backward recomputes the probabilities from that logsumexp: a preprocess kernel for
 delta = rowsum(dO * O), one kernel for dK and dV per key block looping over query blocks, one for dQ per query
 block looping over key blocks. Each output element is written by exactly one program, so results are
-deterministic without atomics. Every dot goes through :func:`h3_triton.dot.mma`.
+deterministic without atomics. Every dot goes through :func:`h3_triton.interpret.mma`.
 """
 
 import math
@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from h3_triton.dot import INTERPRET, mma
+from h3_triton.interpret import INTERPRET, mma, to_dtype
 
 HEAD_DIMS = (32, 64, 128)
 DTYPES = (torch.bfloat16, torch.float32)
@@ -29,44 +29,48 @@ DTYPES = (torch.bfloat16, torch.float32)
 _INTERPRET_TILE = 32
 
 
-def _tuned(kernel, names: tuple[str, ...], rows: tuple[tuple[int, ...], ...]):
-    """Launcher ``(grid, *args, **meta)``: autotuned over ``rows`` keyed on (S, D) on a GPU, fixed tiles here.
+def _tuned(kernel, names: tuple[str, ...], rows: dict[int, tuple[tuple[int, ...], ...]]):
+    """Launcher ``(grid, *args, **meta)``: autotuned on a GPU, a fixed small tiling on the interpreter.
 
-    A row is the tile sizes for ``names`` followed by num_warps and num_stages.
+    ``rows`` maps the element size of the kernel's first tensor to its candidate tilings: tile sizes for
+    ``names``, then num_warps and num_stages. Tuning is keyed on (S, D); Triton adds the dtypes to the key.
     """
     if INTERPRET:
         fixed = dict.fromkeys(names, _INTERPRET_TILE)
         return lambda grid, *args, **meta: kernel[grid](*args, **meta, **fixed)
-    configs = [triton.Config(dict(zip(names, row[:-2])), num_warps=row[-2], num_stages=row[-1]) for row in rows]
-    tuned = triton.autotune(configs=configs, key=["S", "HEAD_DIM"])(kernel)
+    by_size = {
+        size: [triton.Config(dict(zip(names, row[:-2])), num_warps=row[-2], num_stages=row[-1]) for row in size_rows]
+        for size, size_rows in rows.items()
+    }
+    first = kernel.arg_names[0]
+
+    def for_dtype(configs, named_args, **kwargs):
+        return by_size[named_args[first].element_size()]
+
+    tuned = triton.autotune(configs=[c for cs in by_size.values() for c in cs], key=["S", "HEAD_DIM"],
+                            prune_configs_by={"early_config_prune": for_dtype})(kernel)
     return lambda grid, *args, **meta: tuned[grid](*args, **meta)
 
 
-# (tiles..., num_warps, num_stages). The forward's best measured on an H200 at S=38,222, D=128 is
-# BLOCK_M 128, BLOCK_N 128, 8 warps, 3 stages; the sets stay small because each new S is tuned afresh.
-_FWD_ROWS = (
-    (128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 8, 4), (128, 128, 4, 3),
-    (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4),
-)
-_DELTA_ROWS = ((128, 4, 1), (64, 4, 1))
-_DKDV_ROWS = ((32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 3))
-_DQ_ROWS = ((128, 32, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2))
-
-
-@triton.jit
-def _round(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
-    """float32 ``x`` cast to ``dtype`` rounding to nearest even, as the GPU does.
-
-    The interpreter truncates float32 -> bfloat16 casts (a bias of half a bf16 ULP that about doubles the
-    error of every rounded P, dS and output); on the interpreter the rounding is done on the bits first, which
-    makes its truncating cast exact. On a GPU the branch is resolved at compile time and costs nothing.
-    """
-    if UPCAST:
-        if dtype == tl.bfloat16:
-            bits = x.to(tl.uint32, bitcast=True)
-            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-            x = bits.to(tl.float32, bitcast=True)
-    return x.to(dtype)
+# (tiles..., num_warps, num_stages) per element size. The forward's best measured on an H200 at S=38,222,
+# D=128 is BLOCK_M 128, BLOCK_N 128, 8 warps, 3 stages: 224 of the 227 KiB of shared memory at D=128, so
+# 4 stages only run with BLOCK_N 64. The sets stay small because each new S is tuned afresh. float32 dots
+# run as IEEE FMAs (no tensor cores): one tiling each that fits (the bf16 ones do not) and compiles in under
+# a minute, since float32 is a correctness path, not a speed path.
+_FWD_ROWS = {
+    2: ((128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 4, 3),
+        (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 64, 8, 4)),
+    4: ((64, 32, 4, 2),),
+}
+_DELTA_ROWS = {2: ((128, 4, 1), (64, 4, 1)), 4: ((64, 4, 1),)}
+_DKDV_ROWS = {
+    2: ((32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 3)),
+    4: ((32, 64, 4, 2),),
+}
+_DQ_ROWS = {
+    2: ((128, 32, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)),
+    4: ((64, 32, 4, 2),),
+}
 
 
 @triton.jit
@@ -100,7 +104,7 @@ def _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_kn, stride_vn, start, stop
         p = tl.math.exp2(qk - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
-        acc = mma(_round(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST)
+        acc = mma(to_dtype(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST)
         m_i = m_new
     return acc, m_i, l_i
 
@@ -135,7 +139,7 @@ def _fwd_kernel(Q, K, V, O, LSE,
                                BLOCK_M, BLOCK_N, HEAD_DIM, True, UPCAST)
 
     out = acc / l_i[:, None]
-    tl.store(o_ptr + offs_m[:, None] * stride_os + offs_d[None, :], _round(out, O.dtype.element_ty, UPCAST),
+    tl.store(o_ptr + offs_m[:, None] * stride_os + offs_d[None, :], to_dtype(out, O.dtype.element_ty, UPCAST),
              mask=row_in_seq[:, None])
     tl.store(LSE + pid_bh.to(tl.int64) * S + offs_m, m_i + tl.math.log2(l_i), mask=row_in_seq)
 
@@ -186,10 +190,10 @@ def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qs, stri
             delta = tl.load(delta_ptr + offs_m)
         qk_t = mma(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST)
         p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])
-        dv = mma(_round(p_t, do.dtype, UPCAST), do, dv, UPCAST)
+        dv = mma(to_dtype(p_t, do.dtype, UPCAST), do, dv, UPCAST)
         dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST)
         ds_t = p_t * (dp_t - delta[None, :])
-        dk = mma(_round(ds_t, q.dtype, UPCAST), q, dk, UPCAST)
+        dk = mma(to_dtype(ds_t, q.dtype, UPCAST), q, dk, UPCAST)
     return dk, dv
 
 
@@ -207,11 +211,11 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
     pid_bh = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    cols = (offs_n < S)[:, None]
+    key_in_seq = (offs_n < S)[:, None]
     k = tl.load(K + _heads_base(pid_bh, H, stride_kb, stride_kh) + offs_n[:, None] * stride_ks + offs_d[None, :],
-                mask=cols, other=0.0)
+                mask=key_in_seq, other=0.0)
     v = tl.load(V + _heads_base(pid_bh, H, stride_vb, stride_vh) + offs_n[:, None] * stride_vs + offs_d[None, :],
-                mask=cols, other=0.0)
+                mask=key_in_seq, other=0.0)
     q_ptr = Q + _heads_base(pid_bh, H, stride_qb, stride_qh)
     do_ptr = DO + _heads_base(pid_bh, H, stride_dob, stride_doh)
     lse_ptr = LSE + pid_bh.to(tl.int64) * S
@@ -226,8 +230,8 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                          qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, True, UPCAST)
 
     g_off = _heads_base(pid_bh, H, stride_gb, stride_gh) + offs_n[:, None] * stride_gs + offs_d[None, :]
-    tl.store(DK + g_off, _round(dk * sm_scale, DK.dtype.element_ty, UPCAST), mask=cols)
-    tl.store(DV + g_off, _round(dv, DV.dtype.element_ty, UPCAST), mask=cols)
+    tl.store(DK + g_off, to_dtype(dk * sm_scale, DK.dtype.element_ty, UPCAST), mask=key_in_seq)
+    tl.store(DV + g_off, to_dtype(dv, DV.dtype.element_ty, UPCAST), mask=key_in_seq)
 
 
 @triton.jit
@@ -252,7 +256,7 @@ def _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, stride_ks, stride_vs, start, 
             p = tl.where(in_seq[None, :], p, 0.0)
         dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST)
         ds = p * (dp - delta[:, None])
-        dq = mma(_round(ds, k.dtype, UPCAST), k, dq, UPCAST)
+        dq = mma(to_dtype(ds, k.dtype, UPCAST), k, dq, UPCAST)
     return dq
 
 
@@ -287,7 +291,7 @@ def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
     dq = _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, stride_ks, stride_vs, full_stop, S, S, qk_scale,
                    BLOCK_M, BLOCK_N, HEAD_DIM, True, UPCAST)
     tl.store(DQ + _heads_base(pid_bh, H, stride_gb, stride_gh) + offs_m[:, None] * stride_gs + offs_d[None, :],
-             _round(dq * sm_scale, DQ.dtype.element_ty, UPCAST), mask=rows)
+             to_dtype(dq * sm_scale, DQ.dtype.element_ty, UPCAST), mask=rows)
 
 
 _fwd = _tuned(_fwd_kernel, ("BLOCK_M", "BLOCK_N"), _FWD_ROWS)
@@ -313,7 +317,10 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
             raise ValueError(f"attention: {name} is on {t.device}, q on {q.device}; move all three to one device")
         if t.stride(-1) != 1:
             raise ValueError(f"attention: {name} has head_dim stride {t.stride(-1)}; pass a view with stride 1 "
-                             "along head_dim (e.g. {name}.contiguous())")
+                             f"along head_dim (e.g. {name}.contiguous())")
+    if not INTERPRET and q.device.type != "cuda":
+        raise ValueError(f"attention: tensors are on {q.device}; use a CUDA device, or set TRITON_INTERPRET=1 "
+                         "before importing h3_triton to run on the CPU interpreter")
     if q.dtype not in DTYPES:
         raise ValueError(f"attention: dtype {q.dtype} is not supported; use one of {DTYPES}")
     if q.shape[-1] not in HEAD_DIMS:

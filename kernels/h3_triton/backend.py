@@ -17,7 +17,7 @@ from h3gate.block_program import OP_GROUPS, PROVIDER_OPS, Installation, Ops
 from h3gate.candidates import Candidate, CandidateError, source_digest
 
 from h3_triton import attention, elementwise, gemm, norm, rope
-from h3_triton.dot import INTERPRET
+from h3_triton.interpret import INTERPRET
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 

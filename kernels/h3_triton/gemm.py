@@ -1,7 +1,7 @@
 """The GEMMs of the H3 blocks: ``linear`` (q/k/v, out, ffn up/down) and ``silu_linear`` (the AdaLN modulation).
 
 One tiled kernel computes ``C = act(A) @ B (+ bias) (* silu'(Z))`` with float32 accumulation and grouped
-(swizzled) program order, so consecutive programs share A row panels in L2. Every product of both functions
+(swizzled) program order, so programs running together share operand panels in L2. Every product of both functions
 is this kernel with other strides: the forward reads the weight (N, K) as B = W^T, the input gradient is
 dY @ W, the weight gradient is written as dW^T = act(X)^T @ dY (the transpose lives only in the strides), and
 the bias gradient is ones(1, M) @ dY, a column sum with the same fixed-order reduction. ``silu_linear`` fuses
@@ -21,28 +21,13 @@ import torch
 import triton
 import triton.language as tl
 
-from h3_triton.dot import INTERPRET, mma
+from h3_triton.interpret import INTERPRET, mma, to_dtype
 
 DTYPES = (torch.bfloat16, torch.float32)
 
 # Up to this many rows the "skinny" tiles (16 rows) apply: the AdaLN projection has one row per timestep and
 # the bias gradient one row in all, where 128-row tiles would be almost all padding.
 _SKINNY_ROWS = 16
-
-
-@triton.jit
-def _round(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
-    """float32 ``x`` rounded to nearest even in ``dtype``, as a GPU's cast does.
-
-    The interpreter (triton 3.9) truncates float32 -> bfloat16 casts toward zero, which doubles the rounding
-    error and biases it; there the rounding is done on the bits (NaNs kept quiet), bitwise equal to torch's.
-    """
-    if INTERPRETED and dtype == tl.bfloat16:
-        bits = x.to(tl.uint32, bitcast=True)
-        bits = tl.where(x != x, bits | 0x400000, bits + 0x7FFF + ((bits >> 16) & 1))
-        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
-    else:
-        return x.to(dtype)
 
 
 @triton.jit
@@ -74,7 +59,7 @@ def _gemm_kernel(
     """One (BLOCK_M, BLOCK_N) tile of C; the K axis is K_OUTER blocks of K_INNER, reduced in order.
 
     INTERPRETED selects the interpreter's workarounds: float32 operands for bfloat16 dots (``mma``'s UPCAST)
-    and rounding on the bits (``_round``).
+    and rounding on the bits (``to_dtype``).
     """
     pid = tl.program_id(0)
     num_m = tl.cdiv(M, BLOCK_M)
@@ -104,7 +89,7 @@ def _gemm_kernel(
             b = tl.load(b_ptrs, mask=in_k[:, None] & in_n[None, :], other=0.0)
             if A_SILU:
                 a = a.to(tl.float32)
-                a = _round(a * tl.sigmoid(a), b.dtype, INTERPRETED)
+                a = to_dtype(a * tl.sigmoid(a), b.dtype, INTERPRETED)
             acc = mma(a, b, acc, INTERPRETED)
             a_ptrs += BLOCK_K * s_a_ki
             b_ptrs += BLOCK_K * s_b_ki
@@ -120,18 +105,19 @@ def _gemm_kernel(
         sig = tl.sigmoid(z)
         acc = acc * (sig * (1.0 + z * (1.0 - sig)))
     c_ptrs = c_ptr + _row_offsets(rm, M_INNER, s_c_mo, s_c_mi, M_SPLIT)[:, None] + rn.to(tl.int64)[None, :] * s_c_n
-    tl.store(c_ptrs, _round(acc, c_ptr.dtype.element_ty, INTERPRETED), mask=in_c)
+    tl.store(c_ptrs, to_dtype(acc, c_ptr.dtype.element_ty, INTERPRETED), mask=in_c)
 
 
-def _launcher(configs: list[tuple[int, int, int, int]]):
+def _launcher(configs: list[tuple[int, int, int, int]], interpreter_block_m: int):
     """Launcher ``(grid, *args, **meta)``: autotuned over ``configs`` keyed on the GEMM's sizes on a GPU.
 
     A config is (BLOCK_M, BLOCK_N, num_warps, num_stages). BLOCK_K is 64 in every config, so the reduction
     order along K, and thus the result bits, do not depend on which config the tuner picks.
-    Under the interpreter, fixed small tiles (it runs every program in numpy) and no tuning.
+    Under the interpreter, fixed tiles and no tuning; 64 wide, since the interpreter's cost is per program and
+    per step, not per element, and ragged test sizes still end in a partial tile along every axis.
     """
     if INTERPRET:
-        fixed = {"BLOCK_M": min(configs[0][0], 32), "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}
+        fixed = {"BLOCK_M": interpreter_block_m, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}
         return lambda grid, *args, **meta: _gemm_kernel[grid](*args, **meta, **fixed)
     tuned = triton.autotune(
         configs=[
@@ -146,11 +132,11 @@ def _launcher(configs: list[tuple[int, int, int, int]]):
 _TILED = _launcher([
     (128, 256, 8, 3), (256, 128, 8, 3), (128, 256, 8, 4), (256, 128, 8, 4),
     (128, 128, 8, 3), (128, 128, 4, 4), (128, 128, 8, 4),
-])
+], interpreter_block_m=64)
 # GEMV-like: memory bound, a 16-row tile spans all rows and each program streams a BLOCK_N slice of B.
 _SKINNY = _launcher([
     (16, 64, 4, 3), (16, 64, 4, 5), (16, 128, 4, 3), (16, 128, 4, 5), (16, 256, 4, 3), (16, 256, 8, 4),
-])
+], interpreter_block_m=_SKINNY_ROWS)
 
 
 class _Axis(NamedTuple):

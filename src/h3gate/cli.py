@@ -156,6 +156,33 @@ def _merge(args) -> int:
     return 0
 
 
+def _bench(args) -> int:
+    import shlex
+
+    import torch
+
+    from h3gate import bench
+    from h3gate.candidates import load
+    from h3gate.files import dumps, write_atomic
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    shape = args.shape or ("release" if device.startswith("cuda") else "small")
+    report = bench.run(
+        load(args.candidate),
+        shape,
+        device,
+        ops=args.ops.split(",") if args.ops else None,
+        block=not args.no_block,
+        step_layers=args.step_layers or None,
+        progress=lambda message: print(f"  timing {message}", file=sys.stderr, flush=True),
+    )
+    report["command"] = "h3gate " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+    print(bench.table(report))
+    if args.out:
+        write_atomic(args.out, dumps(report))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="h3gate",
@@ -184,6 +211,23 @@ def build_parser() -> argparse.ArgumentParser:
     lock.add_argument("contracts", nargs="+", help="contract files (*-contract.json) under the thresholds folder")
     lock.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")
     lock.set_defaults(run=_lock)
+
+    bench = commands.add_parser(
+        "bench",
+        help="time the candidate against the provider: every op forward and backward, one block, one transformer step",
+        description="Times are medians (triton.testing.do_bench on a GPU); every ratio is provider time / candidate "
+        "time measured in the same process, every rate is also given as a fraction of the GEMM and copy ceilings "
+        "measured in the same run. On CPU the kernels run under Triton's interpreter: the numbers only show the "
+        "command works.",
+    )
+    bench.add_argument("--shape", choices=("release", "small"), default=None, help="release (GPU default) or small (CPU default)")
+    bench.add_argument("--device", default=None, help="cuda or cpu (default: cuda when visible)")
+    bench.add_argument("--candidate", default="h3_triton", help="candidate spec (default: h3_triton)")
+    bench.add_argument("--ops", default=None, help="comma-separated ops to time (default: all)")
+    bench.add_argument("--no-block", action="store_true", help="skip the one-block benchmark")
+    bench.add_argument("--step-layers", type=int, default=0, help="also time one transformer forward with this many blocks (release: 50)")
+    bench.add_argument("-o", "--out", default=None, help="write the JSON report here (e.g. benchmarks/results/h200.json)")
+    bench.set_defaults(run=_bench)
 
     keygen = commands.add_parser("keygen", help="create an Ed25519 key pair for signing evidence")
     keygen.add_argument("out_dir", metavar="OUT_DIR", help="folder for h3gate-signing-key.pem (0600) and .pub.pem")

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from h3_triton.dot import INTERPRET
+from h3_triton.interpret import INTERPRET
 from h3_triton.gemm import linear, silu_linear
 
 if not INTERPRET and not torch.cuda.is_available():
@@ -46,13 +46,13 @@ def check(candidate, low, inputs, dy, names):
     got = run(candidate, inputs, dy)
     torch_low = run(low, inputs, dy)
     ref = run(low, [None if t is None else t.double() for t in inputs], dy.double())
+    assert len(names) == len(got) == len(torch_low), f"{len(got)} results for names {names}"
     for name, g, t, r in zip(names, got, torch_low, ref):
         assert g.dtype == t.dtype and g.shape == t.shape, f"{name}: {g.dtype} {g.shape} vs torch {t.dtype} {t.shape}"
         assert torch.isfinite(g).all(), f"{name}: non-finite values"
         err, torch_err = rel_l2(g, r), rel_l2(t, r)
         bound = 2 * torch_err + torch.finfo(g.dtype).eps / 2
         assert err <= bound, f"{name}: relative L2 {err:.3e} > {bound:.3e} (torch {torch_err:.3e})"
-    return got
 
 
 def torch_silu_linear(temb, weight, bias):
@@ -80,8 +80,8 @@ def test_linear(M, K, N, ndim, has_bias, dtype):
 
 
 def test_linear_layouts():
-    """Strides the kernel must follow without copies: a transposed weight, strided columns, 4-D rows that
-    collapse to two strides, and gradients as autograd may hand them (expanded, or rows it cannot share)."""
+    """Layouts beyond row slices: a transposed weight, strided columns, 4-D rows that collapse to two
+    strides, gradients as autograd may hand them (expanded, or rows that share no split with x), 1-D x."""
     dtype = torch.bfloat16
     weight_t = carved((96, 200), dtype, 2).T  # (N=200, K=96) with unit stride along N
     bias = carved((200,), dtype, 3)
@@ -92,6 +92,8 @@ def test_linear_layouts():
     check(linear, F.linear, [x4, weight_t, bias], dy_expanded, ["y", "dx", "dw", "db"])
     dy_scattered = carved((2, 3, 5, 200), dtype, 6)  # breaks after dims 0, 1 and 2
     check(linear, F.linear, [x4, weight_t, bias], dy_scattered, ["y", "dx", "dw", "db"])
+    x1 = carved((96,), dtype, 7)  # a single row without leading dimensions, as torch accepts
+    check(linear, F.linear, [x1, weight_t, bias], carved((200,), dtype, 8), ["y", "dx", "dw", "db"])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)

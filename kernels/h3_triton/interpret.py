@@ -1,0 +1,50 @@
+"""The one place that knows where Triton's CPU interpreter (triton 3.9) computes differently from a GPU.
+
+- ``tl.dot`` on bfloat16 operands multiplies their bit patterns (upstream triton issue 11584): :func:`mma`
+  upcasts both operands to float32 first (exact: bfloat16 embeds in float32).
+- float32 -> bfloat16 casts truncate toward zero instead of rounding to nearest even, even when asked for
+  ``"rtne"``: a biased half-ULP error that doubles the error of every rounded output. :func:`to_dtype`
+  rounds on the bits first, bitwise equal to torch's cast, NaN and infinity included.
+
+Every kernel passes ``INTERPRET`` as the ``UPCAST`` constexpr: on a GPU the branches are resolved at compile
+time and the native bf16 tensor-core dot and cast are emitted, so the GPU path pays nothing.
+"""
+
+import os
+
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+# Read once at import, like Triton itself: the kernels of this package are compiled either for the
+# interpreter or for a GPU, never both in one process.
+INTERPRET: bool = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+if INTERPRET and not isinstance(tl.cdiv, InterpretedFunction):
+    raise ImportError(
+        "TRITON_INTERPRET=1 was set after triton was imported (diffusers imports it): Triton's own library is "
+        "compiled for a GPU and the interpreter cannot call it. Set TRITON_INTERPRET=1 in the environment before "
+        "starting Python (pytest-h3 does so itself when --h3-device resolves to cpu)."
+    )
+
+
+@triton.jit
+def mma(a, b, acc, UPCAST: tl.constexpr):
+    """``acc + a @ b`` with float32 accumulation; float32 operands use IEEE products, never TF32."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+    elif a.dtype == tl.float32:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    else:
+        return tl.dot(a, b, acc)
+
+
+@triton.jit
+def to_dtype(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
+    """float32 ``x`` cast to ``dtype`` rounding to nearest even, as a GPU's cast does."""
+    if UPCAST and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = tl.where(x != x, bits | 0x400000, bits + 0x7FFF + ((bits >> 16) & 1))
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    else:
+        return x.to(dtype)

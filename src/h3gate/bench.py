@@ -1,0 +1,430 @@
+"""``h3gate bench``: the candidate's speed against the provider's, op by op, one block, one transformer step.
+
+Everything is measured in one process on one device, so every number comes with its ratio to the provider
+measured beside it and with the fraction of the card's own ceilings measured in the same run (a bf16 GEMM
+and a device-to-device copy). Times are medians of ``triton.testing.do_bench`` on a GPU (CUDA events, warm-up,
+repeats; the field's standard for Triton kernels) and of wall-clock repeats on the CPU, where the kernels run
+under Triton's interpreter and the numbers only show that the command works.
+
+Shapes: ``release`` is MiniMax-H3 at 124 frames 1344x768 (sequence 38,222; 56 heads x 128; hidden 5376; ffn
+14336; bf16; random weights of the release config); ``small`` is the embedded benchmark preset.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from dataclasses import dataclass
+
+import torch
+
+from h3gate.gates.kernel import OP_SPECS
+
+RELEASE = dict(seq=38222, heads=56, head_dim=128, hidden=5376, ffn=14336, time_embed=2688, rotary=96, table_rows=9)
+SMALL = dict(seq=467, heads=4, head_dim=64, hidden=256, ffn=512, time_embed=128, rotary=48, table_rows=9)
+SHAPES = {"release": RELEASE, "small": SMALL}
+SDPA_VARIANTS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+
+
+@dataclass
+class Case:
+    """One op at one shape: how to make its inputs, its FLOPs or bytes (forward, backward)."""
+
+    op: str
+    label: str
+    make: callable
+    work: tuple[float, float]
+    unit: str  # "flop" or "byte"
+
+
+def _randn(shape, device, dtype=torch.bfloat16, scale=1.0):
+    return (torch.randn(shape, device=device, dtype=torch.float32) * scale).to(dtype)
+
+
+def cases(s: dict, device: str) -> list[Case]:
+    seq, heads, dim, hidden, ffn = s["seq"], s["heads"], s["head_dim"], s["hidden"], s["ffn"]
+    inner = heads * dim
+    rows = s["table_rows"]
+    out = []
+    for label, k, n in (("to_q/k/v", hidden, inner), ("to_out", inner, hidden), ("ff up", hidden, 2 * ffn), ("ff down", ffn, hidden)):
+        out.append(
+            Case(
+                "linear",
+                f"linear {label} {seq}x{k}->{n}",
+                lambda k=k, n=n: {"x": _randn((1, seq, k), device), "weight": _randn((n, k), device, scale=k**-0.5)},
+                (2.0 * seq * k * n, 4.0 * seq * k * n),
+                "flop",
+            )
+        )
+    modulation = 6 * hidden * 3
+    out.append(
+        Case(
+            "silu_linear",
+            f"silu_linear adaln 3x{s['time_embed']}->{modulation}",
+            lambda: {
+                "temb": torch.randn((3, s["time_embed"]), device=device),
+                "weight": _randn((modulation, s["time_embed"]), device, scale=s["time_embed"] ** -0.5),
+                "bias": _randn((modulation,), device),
+            },
+            # memory-bound: the weight streams once forward; read again and its gradient written backward
+            (2.0 * modulation * s["time_embed"], 4.0 * modulation * s["time_embed"]),
+            "byte",
+        )
+    )
+
+    def table():
+        return _randn((rows, 6 * hidden), device, scale=0.3)[:, :hidden]
+
+    act = 2.0 * seq * hidden
+    out.append(
+        Case(
+            "rms_norm_modulate",
+            f"norm+modulation {seq}x{hidden}",
+            lambda: {
+                "x": _randn((1, seq, hidden), device),
+                "weight": _randn((hidden,), device),
+                "eps": 1e-5,
+                "scale": table(),
+                "shift": table(),
+                "idx": torch.randint(0, rows, (seq,), device=device),
+            },
+            (2 * act, 3 * act),
+            "byte",
+        )
+    )
+    heads_act = 2.0 * seq * inner
+    angles = torch.rand((seq, s["rotary"]), device=device)
+    out.append(
+        Case(
+            "qk_norm_rope",
+            f"qk norm+rope {seq}x{heads}x{dim}",
+            lambda: {
+                "x": _randn((1, seq, heads, dim), device),
+                "weight": _randn((dim,), device),
+                "eps": 1e-5,
+                "cos": angles.cos(),
+                "sin": angles.sin(),
+            },
+            (2 * heads_act, 3 * heads_act),
+            "byte",
+        )
+    )
+    attention_flops = 4.0 * seq * seq * dim * heads
+    out.append(
+        Case(
+            "attention",
+            f"attention {seq}x{heads}x{dim}",
+            lambda: {k: _randn((1, seq, heads, dim), device) for k in ("q", "k", "v")},
+            (attention_flops, 2.5 * attention_flops),
+            "flop",
+        )
+    )
+    ffn_act = 2.0 * seq * ffn
+    out.append(
+        Case("swiglu", f"swiglu {seq}x{2 * ffn}", lambda: {"h": _randn((1, seq, 2 * ffn), device)}, (3 * ffn_act, 5 * ffn_act), "byte")
+    )
+    out.append(
+        Case(
+            "gated_residual",
+            f"gated residual {seq}x{hidden}",
+            lambda: {
+                "residual": _randn((1, seq, hidden), device),
+                "y": _randn((1, seq, hidden), device),
+                "gate": table(),
+                "idx": torch.randint(0, rows, (seq,), device=device),
+            },
+            (3 * act, 4 * act),
+            "byte",
+        )
+    )
+    return out
+
+
+# Timing -----------------------------------------------------------------------------------------------
+
+
+def median_ms(fn, device: str, repeats: int = 5) -> float:
+    if device.startswith("cuda"):
+        from triton.testing import do_bench
+
+        return float(do_bench(fn, warmup=25, rep=100, return_mode="median"))
+    fn()
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(samples)
+
+
+def _forward_backward(fn, inputs: dict):
+    leaves = {k: (v.detach().requires_grad_(True) if isinstance(v, torch.Tensor) and v.is_floating_point() and k not in ("cos", "sin") else v) for k, v in inputs.items()}
+    out = fn(**leaves)
+    grad = torch.ones_like(out)
+
+    def step():
+        for value in leaves.values():
+            if isinstance(value, torch.Tensor):
+                value.grad = None
+        fn(**leaves).backward(grad)
+
+    return step
+
+
+def ceilings(device: str) -> dict:
+    """The card's own ceilings, measured now: a bf16 GEMM's TFLOP/s and a device copy's GB/s (read + write)."""
+    if not device.startswith("cuda"):
+        return {}
+    n = 8192
+    a, b = _randn((n, n), device), _randn((n, n), device)
+    gemm_ms = median_ms(lambda: a @ b, device)
+    src = torch.empty(2 * 1024**3, dtype=torch.uint8, device=device).random_()
+    dst = torch.empty_like(src)
+    copy_ms = median_ms(lambda: dst.copy_(src), device)
+    return {"bf16_gemm_tflops": 2 * n**3 / gemm_ms / 1e9, "copy_gbps": 2 * src.numel() / copy_ms / 1e6}
+
+
+@contextlib.contextmanager
+def _sdpa(variant: str | None):
+    if variant is None:
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(getattr(SDPBackend, SDPA_VARIANTS[variant])):
+        yield
+
+
+def _rate(work: float, ms: float, unit: str) -> float:
+    return work / ms / (1e9 if unit == "flop" else 1e6)  # TFLOP/s or GB/s
+
+
+def bench_ops(candidate, shape: str, device: str, ops=None, progress=print) -> list[dict]:
+    """Per op: forward and forward+backward times of candidate and provider, ratios, rates."""
+    kernel_ops = candidate.kernel_ops()
+    rows = []
+    for case in cases(SHAPES[shape], device):
+        if ops and case.op not in ops:
+            continue
+        progress(case.label)
+        inputs = case.make()
+        provider = OP_SPECS[case.op].torch_op
+        variants = [None] + (list(SDPA_VARIANTS) if case.op == "attention" and device.startswith("cuda") else [])
+        row = {"op": case.op, "label": case.label, "unit": "TFLOP/s" if case.unit == "flop" else "GB/s"}
+        unit = case.unit
+        work_fwd, work_bwd = case.work
+        with torch.no_grad():
+            row["candidate_fwd_ms"] = median_ms(lambda: kernel_ops[case.op](**inputs), device)
+        row["candidate_fwd_bwd_ms"] = median_ms(_forward_backward(kernel_ops[case.op], inputs), device)
+        for variant in variants:
+            name = "provider" if variant is None else f"provider_{variant}"
+            with _sdpa(variant):
+                with torch.no_grad():
+                    row[f"{name}_fwd_ms"] = median_ms(lambda: provider(**inputs), device)
+                row[f"{name}_fwd_bwd_ms"] = median_ms(_forward_backward(provider, inputs), device)
+        row["ratio_fwd"] = row["provider_fwd_ms"] / row["candidate_fwd_ms"]
+        row["ratio_fwd_bwd"] = row["provider_fwd_bwd_ms"] / row["candidate_fwd_bwd_ms"]
+        row["candidate_fwd_rate"] = _rate(work_fwd, row["candidate_fwd_ms"], unit)
+        row["provider_fwd_rate"] = _rate(work_fwd, row["provider_fwd_ms"], unit)
+        bwd_ms = row["candidate_fwd_bwd_ms"] - row["candidate_fwd_ms"]
+        row["candidate_bwd_rate"] = _rate(work_bwd, bwd_ms, unit) if bwd_ms > 0 else None
+        rows.append(row)
+        del inputs
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return rows
+
+
+# One block and one transformer step -------------------------------------------------------------------
+
+TRANSFORMER_SHAPES = {
+    "release": dict(
+        num_attention_heads=56, attention_head_dim=128, hidden_size=5376, ffn_dim=14336, in_channels=24,
+        audio_in_channels=32, text_dim=5120, freq_dim=256, time_embed_hidden_dim=5376, time_embed_dim=2688,
+        rope_freq_dim=16,
+    ),
+}
+# The release contract shape: 124 frames at 1344x768 (37 latent frames of 48x84), 512 text tokens, t2va.
+RELEASE_CONTRACT = dict(text_tokens=512, latent_frames=37, latent_height=48, latent_width=84, audio_latents=207)
+
+
+def _transformer(shape: str, layers: int, device: str):
+    """A transformer of ``shape`` with random weights at checkpoint precision, built directly on ``device``."""
+    from h3gate.model import build_preset, keeps_fp32
+    from h3gate.presets import TRANSFORMER_CONFIGS
+
+    if shape == "small":
+        config = dict(TRANSFORMER_CONFIGS["small"], num_layers=layers)
+        model = build_preset("small")
+        transformer = model.transformer
+        del transformer.transformer_blocks[layers:]
+        transformer.register_to_config(num_layers=layers)
+        return transformer.to(device), config
+    from diffusers import MiniMaxH3Transformer3DModel
+
+    config = dict(TRANSFORMER_SHAPES[shape], num_layers=layers, num_refiner_layers=2)
+    with torch.device("meta"):
+        transformer = MiniMaxH3Transformer3DModel(**config)
+    transformer.to_empty(device=device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, param in transformer.named_parameters():
+            if param.ndim == 1 and "norm" in name:
+                param.fill_(1.0)
+            else:
+                param.normal_(0.0, 1.0 / max(param.shape[-1], 1) ** 0.5, generator=generator)
+            if not keeps_fp32(name):
+                param.data = param.data.to(torch.bfloat16)
+    transformer.rope.inv_freq = 1.0 / (
+        10000.0 ** (torch.arange(0, 2 * config["rope_freq_dim"], 2, device=device, dtype=torch.float32) / (2 * config["rope_freq_dim"]))
+    )
+    return transformer.eval(), config
+
+
+def _contract_inputs(shape: str, config: dict, device: str):
+    from h3gate.contract import ModelContract, model_inputs
+
+    geometry = RELEASE_CONTRACT if shape == "release" else dict(text_tokens=15, latent_frames=37, latent_height=2, latent_width=2, audio_latents=207)
+    contract = ModelContract(seed=0, keyframes=(), video_timestep=0.5, audio_timestep=0.7, **geometry)
+    inputs, _ = model_inputs(contract, config)
+    return {k: v.to(device) for k, v in inputs.items()}
+
+
+def _block_inputs(transformer, inputs: dict):
+    """What block 0 receives at the contract input (captured by a pre-hook on one provider forward)."""
+    captured = {}
+
+    def grab(_module, args):
+        captured["args"] = tuple(a.detach() if isinstance(a, torch.Tensor) else tuple(t.detach() for t in a) for a in args)
+        raise _Captured
+
+    handle = transformer.transformer_blocks[0].register_forward_pre_hook(grab)
+    try:
+        with torch.no_grad():
+            transformer(**inputs)
+    except _Captured:
+        pass
+    finally:
+        handle.remove()
+    return captured["args"]
+
+
+class _Captured(Exception):
+    pass
+
+
+def _peak_mib(fn, device: str) -> float | None:
+    if not device.startswith("cuda"):
+        return None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def bench_block(candidate, shape: str, device: str, progress=print) -> dict:
+    """Block 0 forward and forward+backward at the contract input: candidate, provider, provider with flash SDPA."""
+    from diffusers.models.attention_dispatch import attention_backend
+
+    transformer, config = _transformer(shape, 1, device)
+    hidden, temb, indices, rotary = _block_inputs(transformer, _contract_inputs(shape, config, device))
+    block = transformer.transformer_blocks[0]
+
+    def forward():
+        with torch.no_grad():
+            block(hidden, temb, indices, rotary)
+
+    def forward_backward():
+        leaf = hidden.detach().requires_grad_(True)
+        block(leaf, temb, indices, rotary).backward(torch.ones_like(leaf))
+
+    result = {"seq": hidden.shape[1]}
+    for name, backend in (("provider", None), ("provider_flash", "_native_flash")):
+        progress(f"block {name}")
+        with attention_backend(backend) if backend else contextlib.nullcontext():
+            result[f"{name}_fwd_ms"] = median_ms(forward, device)
+            result[f"{name}_fwd_bwd_ms"] = median_ms(forward_backward, device)
+            result[f"{name}_peak_mib"] = _peak_mib(forward_backward, device)
+    progress("block candidate")
+    with candidate.installed(transformer):
+        result["candidate_fwd_ms"] = median_ms(forward, device)
+        result["candidate_fwd_bwd_ms"] = median_ms(forward_backward, device)
+        result["candidate_peak_mib"] = _peak_mib(forward_backward, device)
+    result["ratio_fwd"] = result["provider_fwd_ms"] / result["candidate_fwd_ms"]
+    result["ratio_fwd_bwd"] = result["provider_fwd_bwd_ms"] / result["candidate_fwd_bwd_ms"]
+    return result
+
+
+def bench_step(candidate, shape: str, device: str, layers: int, progress=print) -> dict:
+    """One whole transformer forward (a denoising step) at the contract input: candidate against provider."""
+    transformer, config = _transformer(shape, layers, device)
+    inputs = _contract_inputs(shape, config, device)
+
+    def step():
+        with torch.no_grad():
+            transformer(**inputs)
+
+    progress("step provider")
+    result = {"layers": layers, "provider_ms": median_ms(step, device, repeats=3)}
+    progress("step candidate")
+    with candidate.installed(transformer):
+        result["candidate_ms"] = median_ms(step, device, repeats=3)
+    result["ratio"] = result["provider_ms"] / result["candidate_ms"]
+    return result
+
+
+def machine() -> dict:
+    from h3gate import environment
+
+    facts = environment.collect()
+    return {k: facts[k] for k in ("python", "torch", "cuda", "driver", "triton", "diffusers", "gpus")}
+
+
+def run(candidate, shape: str, device: str, ops=None, block=True, step_layers: int | None = None, progress=print) -> dict:
+    report = {"shape": shape, "device": device, "machine": machine(), "ceilings": ceilings(device), "candidate": candidate.identity()}
+    report["ops"] = bench_ops(candidate, shape, device, ops, progress)
+    if block:
+        report["block"] = bench_block(candidate, shape, device, progress)
+    if step_layers:
+        report["step"] = bench_step(candidate, shape, device, step_layers, progress)
+    return report
+
+
+def table(report: dict) -> str:
+    """The readable form: one line per op, then the block and the step."""
+    ceiling = report.get("ceilings", {})
+    lines = [
+        f"{'op':44s} {'cand fwd':>9s} {'prov fwd':>9s} {'x':>5s} {'cand f+b':>9s} {'prov f+b':>9s} {'x':>5s} {'rate':>9s} {'of peak':>7s}"
+    ]
+    for row in report["ops"]:
+        peak = ceiling.get("bf16_gemm_tflops" if row["unit"] == "TFLOP/s" else "copy_gbps")
+        share = f"{row['candidate_fwd_rate'] / peak:7.0%}" if peak else "      -"
+        lines.append(
+            f"{row['label']:44s} {row['candidate_fwd_ms']:9.3f} {row['provider_fwd_ms']:9.3f} {row['ratio_fwd']:5.2f} "
+            f"{row['candidate_fwd_bwd_ms']:9.3f} {row['provider_fwd_bwd_ms']:9.3f} {row['ratio_fwd_bwd']:5.2f} "
+            f"{row['candidate_fwd_rate']:9.1f} {share}"
+        )
+        for variant in SDPA_VARIANTS:
+            if f"provider_{variant}_fwd_ms" in row:
+                lines.append(
+                    f"{'  provider SDPA ' + variant:44s} {'':9s} {row[f'provider_{variant}_fwd_ms']:9.3f} "
+                    f"{row[f'provider_{variant}_fwd_ms'] / row['candidate_fwd_ms']:5.2f} {'':9s} "
+                    f"{row[f'provider_{variant}_fwd_bwd_ms']:9.3f} {row[f'provider_{variant}_fwd_bwd_ms'] / row['candidate_fwd_bwd_ms']:5.2f}"
+                )
+    if "block" in report:
+        b = report["block"]
+        lines.append(
+            f"block (seq {b['seq']}): fwd {b['candidate_fwd_ms']:.2f} vs {b['provider_fwd_ms']:.2f} ms (x{b['ratio_fwd']:.2f}), "
+            f"fwd+bwd {b['candidate_fwd_bwd_ms']:.2f} vs {b['provider_fwd_bwd_ms']:.2f} ms (x{b['ratio_fwd_bwd']:.2f}); "
+            f"peak MiB {b['candidate_peak_mib']} vs {b['provider_peak_mib']}"
+        )
+    if "step" in report:
+        st = report["step"]
+        lines.append(f"step ({st['layers']} blocks): {st['candidate_ms']:.1f} vs {st['provider_ms']:.1f} ms (x{st['ratio']:.2f})")
+    if ceiling:
+        lines.append(f"ceilings: bf16 GEMM {ceiling['bf16_gemm_tflops']:.0f} TFLOP/s, copy {ceiling['copy_gbps']:.0f} GB/s")
+    lines.append("x = provider time / candidate time (above 1: candidate faster)")
+    return "\n".join(lines)

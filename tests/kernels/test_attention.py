@@ -1,0 +1,207 @@
+"""``h3_triton.attention`` against float64 torch, forward and dq, dk, dv.
+
+Rule: the candidate's relative L2 error to float64 (computed from the same low-precision inputs, upcast) is at
+most twice the error of torch's own ``scaled_dot_product_attention`` at that precision plus one unit roundoff of
+the dtype. Inputs are views into larger NaN-filled buffers, cut along the sequence and head_dim, so a load that
+strays past a mask turns a result into NaN.
+"""
+
+import math
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from h3_triton.attention import attention
+from h3_triton.interpret import INTERPRET
+
+if not INTERPRET and not torch.cuda.is_available():
+    pytest.skip("needs a GPU or TRITON_INTERPRET=1", allow_module_level=True)
+
+DEVICE = "cpu" if INTERPRET else "cuda"
+DTYPES = [torch.bfloat16, torch.float32]
+NAMES = ("out", "dq", "dk", "dv")
+
+
+def carved(shape, dtype, seed, std=1.0):
+    """Normal values (scaled by ``std``) in a (B, S, H, D) view cut out of a NaN buffer along S and D."""
+    B, S, H, D = shape
+    buf = torch.full((B, S + 5, H, D + 16), float("nan"), dtype=dtype, device=DEVICE)
+    view = buf[:, 3 : 3 + S, :, 8 : 8 + D]
+    gen = torch.Generator().manual_seed(seed)
+    view.copy_((std * torch.randn(shape, generator=gen)).to(dtype))
+    return view
+
+
+def inputs(shape, dtype, seed=0):
+    """q, k, v and dout; q and k have std 2, so logits have std 4 and attention is peaked, as in trained models."""
+    return [carved(shape, dtype, seed + i, std) for i, std in enumerate((2.0, 2.0, 1.0, 1.0))]
+
+
+def sdpa(q, k, v):
+    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+
+def run(fn, q, k, v, dout):
+    """Output and dq, dk, dv of ``fn`` back-propagated with ``dout``."""
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    out = fn(*leaves)
+    out.backward(dout)
+    return [out.detach()] + [t.grad for t in leaves]
+
+
+def rel_l2(a, ref):
+    return ((a.double() - ref).norm() / ref.norm()).item()
+
+
+def check(q, k, v, dout, names=NAMES):
+    """Compare the candidate and torch's low-precision SDPA with float64 on the tensors named in ``names``."""
+    got = run(attention, q, k, v, dout)
+    torch_low = run(sdpa, q, k, v, dout)
+    ref = run(sdpa, q.double(), k.double(), v.double(), dout.double())
+    for name, g, t, r in zip(NAMES, got, torch_low, ref):
+        assert g.dtype == q.dtype and g.shape == q.shape and g.is_contiguous(), f"{name}: {g.dtype} {g.stride()}"
+        assert torch.isfinite(g).all(), f"{name}: non-finite values"
+        if name not in names:
+            continue
+        err, torch_err = rel_l2(g, r), rel_l2(t, r)
+        bound = 2 * torch_err + torch.finfo(g.dtype).eps / 2
+        assert err <= bound, f"{name}: relative L2 {err:.3e} > {bound:.3e} (torch {torch_err:.3e})"
+    return got, ref
+
+
+# (B, S, H, D): every S of the brief with every D at least once, ragged against the 32-wide interpreter tiles.
+SHAPES = [(2, 7, 3, 64), (1, 65, 3, 128), (2, 65, 1, 32), (1, 130, 1, 64), (1, 130, 3, 32), (1, 300, 1, 128)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("shape", SHAPES, ids=str)
+def test_matches_float64(shape, dtype):
+    check(*inputs(shape, dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("D", [32, 128])
+def test_single_key(D, dtype):
+    """One key: softmax is exactly 1, so out == v and dv == dout bitwise, and dq, dk vanish up to fp32 rounding."""
+    q, k, v, dout = inputs((2, 1, 3, D), dtype)
+    out, dq, dk, dv = check(q, k, v, dout, names=())[0]
+    assert torch.equal(out, v) and torch.equal(dv, dout)
+    # dq = (dp - delta) k / sqrt(D): dp and delta are the same D products summed in two orders in float32.
+    scale = D * torch.finfo(torch.float32).eps * dout.abs().max() * v.abs().max() * max(q.abs().max(), k.abs().max())
+    assert dq.abs().max() <= scale and dk.abs().max() <= scale
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["last_key_dominates", "all_logits_negative"])
+def test_last_partial_key_tile(case, dtype):
+    """S = 65 leaves key 64 alone in the last tile: it must count fully, and the padding after it not at all.
+
+    ``last_key_dominates``: key 64 outscores the others by about 30, so dropping the last tile loses almost all
+    of the output. ``all_logits_negative``: every real logit is about -30, so a padded key (logit 0) that leaked
+    into the softmax would take almost all of the weight. Both broken answers are built in float64 and must be
+    far from the reference, which shows the test can fail.
+    """
+    B, S, H, D = 1, 65, 2, 32
+    q, k, v, dout = inputs((B, S, H, D), dtype)
+    q[..., 0] = math.sqrt(D)  # a key's logit is then its coordinate 0, plus noise of std ~0.4
+    k.mul_(0.1)
+    if case == "last_key_dominates":
+        k[:, -1, :, 0] = 30.0
+        broken = sdpa(q.double(), k.double()[:, :-1], v.double()[:, :-1])
+    else:
+        k[..., 0] = -30.0
+        pad = torch.zeros((B, 96 - S, H, D), dtype=torch.float64, device=DEVICE)
+        broken = sdpa(q.double(), torch.cat([k.double(), pad], 1), torch.cat([v.double(), pad], 1))
+    (out, *_), (ref, *_) = check(q, k, v, dout)
+    assert rel_l2(broken, ref) > 0.5, "the broken variant is too close to the reference to be caught"
+    assert rel_l2(out, ref) < 0.1 * rel_l2(broken, ref)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_deterministic_and_layout_independent(dtype):
+    """Two runs are bitwise equal, and equal to a run on contiguous copies; NaN around the views never leaks.
+
+    k is a transposed (B, H, S, D) buffer seen as (B, S, H, D), and dout is strided, so every stride argument of
+    every kernel differs from the contiguous run.
+    """
+    q, _, v, dout = inputs((2, 45, 2, 64), dtype)
+    k = carved((2, 2, 45, 64), dtype, seed=7).transpose(1, 2)
+    first = run(attention, q, k, v, dout)
+    second = run(attention, q, k, v, dout)
+    dense = run(attention, *(t.contiguous() for t in (q, k, v, dout)))
+    for name, a, b, c in zip(NAMES, first, second, dense):
+        assert not torch.isnan(a).any(), f"{name}: NaN from the buffer around the inputs"
+        assert torch.equal(a, b), f"{name}: two runs differ"
+        assert torch.equal(a, c), f"{name}: strided and contiguous inputs differ"
+
+
+def test_broadcast_output_gradient():
+    """``out.sum().backward()`` hands a gradient with all strides 0; it must act like an explicit ones tensor."""
+    q, k, v, _ = inputs((1, 33, 2, 32), torch.float32)
+    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+    attention(*leaves).sum().backward()
+    explicit = run(attention, q, k, v, torch.ones_like(q))[1:]
+    for name, a, b in zip(NAMES[1:], [t.grad for t in leaves], explicit):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda q, k, v: (q[..., :48], k[..., :48], v[..., :48]), "head_dim 48"),
+        (lambda q, k, v: (q.half(), k.half(), v.half()), "dtype torch.float16"),
+        (lambda q, k, v: (q, k.double(), v), "k is torch.float64"),
+        (lambda q, k, v: (q, k[:, :5], v), "k has shape"),
+        (lambda q, k, v: (q, k, v.transpose(2, 3).contiguous().transpose(2, 3)), "v has head_dim stride"),
+        (lambda q, k, v: (q[0], k[0], v[0]), "must be (batch, seq, heads, head_dim)"),
+        (lambda q, k, v: (q[:, :0], k[:, :0], v[:, :0]), "sequence is empty"),
+    ],
+    ids=["head_dim", "dtype", "mixed_dtype", "shape", "stride", "rank", "empty"],
+)
+def test_rejects_bad_input(change, message):
+    q, k, v, _ = inputs((1, 8, 2, 64), torch.float32)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        attention(*change(q, k, v))
+
+
+COMPILE_FOR_H200 = """
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+import h3_triton.attention as A
+
+def compile_(kernel, row, names, tensors):
+    consts = dict(zip(names, row[:-2]), HEAD_DIM=128)
+    if "UPCAST" in kernel.arg_names:
+        consts["UPCAST"] = False
+    sig = {n: "constexpr" if n in consts else tensors.get(n, "fp32" if n.endswith("scale") else "i32")
+           for n in kernel.arg_names}
+    # A launch marks pointers and strides divisible by 16, as they are at release; without that mark the
+    # compiler neither vectorises nor pipelines the loads, and shared memory would be underestimated.
+    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
+               if n in tensors or n.startswith("stride")}
+    src = ASTSource(kernel, sig, {(kernel.arg_names.index(n),): c for n, c in consts.items()}, aligned)
+    done = triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": row[-2], "num_stages": row[-1]})
+    assert done.metadata.shared <= 232448, (kernel.fn.__name__, row, done.metadata.shared)
+
+bf16 = dict.fromkeys(("Q", "K", "V", "O", "DO", "DK", "DV", "DQ"), "*bf16")
+bf16.update(LSE="*fp32", DELTA="*fp32")
+compile_(A._fwd_kernel, A._FWD_ROWS[2][0], ("BLOCK_M", "BLOCK_N"), bf16)
+compile_(A._delta_kernel, A._DELTA_ROWS[2][0], ("BLOCK_M",), bf16)
+compile_(A._dkdv_kernel, A._DKDV_ROWS[2][0], ("BLOCK_M", "BLOCK_N"), bf16)
+compile_(A._dq_kernel, A._DQ_ROWS[2][0], ("BLOCK_M", "BLOCK_N"), bf16)
+"""
+
+
+def test_compiles_for_h200():
+    """The interpreter accepts code the GPU compiler rejects: compile each kernel's first bf16 tiling for sm_90
+    at D = 128 and check it fits the H200's 227 KiB of shared memory per block."""
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
+    done = subprocess.run([sys.executable, "-c", COMPILE_FOR_H200], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
