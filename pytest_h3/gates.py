@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from pytest_h3 import distribution
 from h3gate import bounds as bounds_mod
 from h3gate import numerics
 from h3gate.contract import load_model_contract
+from h3gate import generation_contract
 from h3gate.gates import block as block_gate
+from h3gate.gates import generation as generation_gate
 from h3gate.gates import kernel as kernel_gate
 from h3gate.gates import model as model_gate
 from h3gate.verdict import GateResult
@@ -52,7 +55,11 @@ def run_model(item):
     if isinstance(frozen, GateResult):
         return frozen
     with item.progress(3) as bar:
-        return model_gate.check(session.model, session.candidate, contract, frozen, session.device, progress=bar.step)
+        result = model_gate.check(session.model, session.candidate, contract, frozen, session.device, progress=bar.step)
+    generation_gate.record_model_gate_outcome(
+        session.out, session.model.identity, session.candidate.identity(), result.context["bounds_sha256"], result.passed
+    )
+    return result
 
 
 def run_block(item):
@@ -91,4 +98,40 @@ def run_kernel(item):
         )
 
 
-RUNNERS = {"kernel": run_kernel, "block": run_block, "model": run_model}
+def run_generation(item):
+    """One seed of the generation gate. Under --h3-freeze the session's first generation item freezes every
+    seed of the contract (the calibrated bounds are the worst over all of them); the others report it."""
+    session = item.session
+    name = item.options.get("contract", "generation")
+    contract = generation_contract.load(session.thresholds / session.model.name / f"{name}-contract.json")
+    seed = item.params["seed"]
+    if seed not in contract.seeds:
+        raise pytest.UsageError(f"{item.node.nodeid}: seed {seed} is not among {contract.path}'s seeds {list(contract.seeds)}")
+    stream = item.progress_stream()
+    if session.freezing:
+        path = bounds_mod.bounds_path(session.thresholds, session.model.name, bounds_mod.device_class(session.device), contract.name)
+        if path not in session.frozen_here:
+            generation_gate.freeze(
+                session.model, contract, session.device, session.thresholds, _variant_names(session),
+                session.config.getoption("--h3-freeze-force"), session.out, progress=stream,
+            )
+            session.frozen_here.add(path)
+        return item.frozen(generation_gate.load_bounds(session.thresholds, session.model, contract, session.device))
+    try:
+        frozen = generation_gate.load_bounds(session.thresholds, session.model, contract, session.device)
+    except bounds_mod.BoundsError as error:
+        return item.missing_bounds(error)
+    override = session.config.getoption("--h3-skip-model-gate")
+    if not override and session.model_gate_scheduled and distribution.worker_index() is not None:
+        # Under xdist the model gate may still run on another worker; in one process it ran before (ORDER).
+        generation_gate.wait_for_model_gate(session.out, session.model.identity, session.candidate.identity(), stream)
+    return generation_gate.check(
+        session.model, session.candidate, contract, frozen, session.device, seed, session.out,
+        verify_last_step=session.config.getoption("--h3-verify-last-step"), progress=stream,
+        model_gate_override=override,
+    )
+
+
+RUNNERS = {"kernel": run_kernel, "block": run_block, "model": run_model, "generation": run_generation}
+# Cheap before expensive: the order gate items run in (a generation waits for the model gate's verdict).
+ORDER = ("kernel", "block", "model", "generation")

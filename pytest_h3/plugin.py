@@ -69,6 +69,19 @@ def pytest_addoption(parser):
         help="with --h3-freeze: comma-separated provider variants to calibrate from (default: every variant of the "
         "device; 'h3gate variants' lists them)",
     )
+    group.addoption(
+        "--h3-verify-last-step",
+        action="store_true",
+        help="generation gate: on resume, recompute the last saved step and require it bitwise equal (catches a "
+        "non-deterministic candidate)",
+    )
+    group.addoption(
+        "--h3-skip-model-gate",
+        metavar="REASON",
+        default=None,
+        help="generation gate: run without a passed model gate for this candidate; REASON is recorded in the "
+        "results and the evidence",
+    )
     group.addoption("--h3-model-seed", type=int, default=0, help="weight seed of an embedded model (default: 0)")
     group.addoption(
         "--h3-sign-key",
@@ -138,11 +151,21 @@ def pytest_itemcollected(item):
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
+    h3 = config.stash[SESSION_KEY]
     spec = config.getoption("--h3-shard")
     if spec:
         kept, dropped = distribution.shard(items, spec)
         items[:] = kept
-        config.stash[SESSION_KEY].ledger.outside_shard.update(item.nodeid for item in dropped)
+        h3.ledger.outside_shard.update(item.nodeid for item in dropped)
+    # Cheap before expensive: gate items after other tests, kernel -> block -> model -> generation.
+    from pytest_h3.gates import ORDER
+
+    def rank(item):
+        gate = gate_of(item)
+        return 0 if gate is None else 1 + ORDER.index(gate["gate"])
+
+    items.sort(key=rank)
+    h3.model_gate_scheduled = any((gate_of(item) or {}).get("gate") == "model" for item in items)
 
 
 @pytest.hookimpl(wrapper=True)

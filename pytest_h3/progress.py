@@ -11,7 +11,7 @@ import sys
 from tqdm import tqdm
 
 
-class _Terminal:
+class Terminal:
     def __init__(self, config):
         self.config = config
 
@@ -31,7 +31,7 @@ class Progress:
     """``with Progress(config, label, total) as bar: bar.step("phase")`` - one tick per finished phase."""
 
     def __init__(self, config, label: str, total: int):
-        self.bar = tqdm(total=total, desc=label, unit="phase", file=_Terminal(config), leave=False, dynamic_ncols=True, disable=None)
+        self.bar = tqdm(total=total, desc=label, unit="phase", file=Terminal(config), leave=False, dynamic_ncols=True, disable=None)
         self.started = False
 
     def step(self, phase: str) -> None:

@@ -18,11 +18,21 @@ def device_facts(device: str) -> dict:
     return {"device": device, "name": gpu["name"], "pci_bus_id": gpu["pci_bus_id"], "uuid": gpu["uuid"]}
 
 
-def _artifacts(results: dict, out: Path, extra: list[Path]) -> list[Path]:
+def _paths(value) -> set[Path]:
+    """Every file path named under a result's ``artifacts``: strings, or ``{"path": ...}`` at any depth."""
+    if isinstance(value, str):
+        return {Path(value)}
+    if isinstance(value, dict):
+        if isinstance(value.get("path"), str):
+            return {Path(value["path"])}
+        return set().union(*map(_paths, value.values())) if value else set()
+    return set()
+
+
+def _artifacts(results: dict, extra: list[Path]) -> list[Path]:
     paths = set(extra)
     for result in results.values():
-        for path in (result.get("context", {}).get("artifacts") or {}).values():
-            paths.add(Path(path))
+        paths |= _paths(result.get("context", {}).get("artifacts") or {})
     return sorted(path for path in paths if path.is_file())
 
 
@@ -48,7 +58,7 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
         results,
         outcomes,
         evidence.profile(session.config.getoption("--h3-profile")),
-        _artifacts(results, session.out, extra),
+        _artifacts(results, extra),
         session.thresholds,
         _files(results, session.thresholds, model["name"]),
         model,

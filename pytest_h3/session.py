@@ -30,6 +30,8 @@ class H3Session:
         thresholds = config.getoption("--h3-thresholds")
         self.thresholds = Path(thresholds) if thresholds else Path(config.rootpath) / "thresholds"
         self.ledger = Ledger()
+        self.frozen_here: set = set()  # bounds files this (freezing) session wrote
+        self.model_gate_scheduled = False  # a model gate item is among this session's items
         self.summary: list[str] = []
         self._model = None
         self._candidate = None
@@ -189,6 +191,12 @@ class GateItem:
             "non_discriminating": frozen.non_discriminating,
         }
         return GateResult(self.kind, self.params, [Check("bounds", "frozen", 0.0, 0.0, True, detail)], {"bounds_file": str(frozen.path)})
+
+    def progress_stream(self):
+        """A text stream to the terminal past pytest's capture, for tqdm bars the engine draws itself."""
+        from pytest_h3.progress import Terminal
+
+        return Terminal(self.session.config)
 
     def progress(self, total: int):
         from pytest_h3.progress import Progress

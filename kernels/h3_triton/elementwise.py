@@ -10,8 +10,9 @@ import torch
 import triton
 import triton.language as tl
 
+from h3_triton.interpret import to_dtype
 from h3_triton.rowreduce import (
-    accumulate_rows, as_batch_rows, check_activation, check_row_index, check_table, clear_flags, flush_slot,
+    UPCAST, accumulate_rows, as_batch_rows, check_activation, check_row_index, check_table, clear_flags, flush_slot,
     full_row_tiling, new_slots, reduce_slots, split_rows, warps_for,
 )
 
@@ -33,7 +34,7 @@ def _swiglu_forward_kernel(
     a = tl.load(a_ptrs, mask=mask, other=0.0).to(tl.float32)
     b = tl.load(a_ptrs + half * sh_c, mask=mask, other=0.0).to(tl.float32)
     y = a * b * tl.sigmoid(b)
-    tl.store(y_ptr + rows[:, None] * half + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + rows[:, None] * half + cols[None, :], to_dtype(y, y_ptr.dtype.element_ty, UPCAST), mask=mask)
 
 
 @triton.jit
@@ -55,8 +56,8 @@ def _swiglu_backward_kernel(
     da = dy * b * sig
     db = dy * a * sig * (1.0 + b * (1.0 - sig))
     da_ptrs = dh_ptr + rows[:, None] * (2 * half) + cols[None, :]
-    tl.store(da_ptrs, da.to(dh_ptr.dtype.element_ty), mask=mask)
-    tl.store(da_ptrs + half, db.to(dh_ptr.dtype.element_ty), mask=mask)
+    tl.store(da_ptrs, to_dtype(da, dh_ptr.dtype.element_ty, UPCAST), mask=mask)
+    tl.store(da_ptrs + half, to_dtype(db, dh_ptr.dtype.element_ty, UPCAST), mask=mask)
 
 
 def _swiglu_grid(n_rows: int, half: int) -> tuple[tuple[int, int], dict]:
@@ -67,37 +68,36 @@ def _swiglu_grid(n_rows: int, half: int) -> tuple[tuple[int, int], dict]:
 
 
 class _SwiGLU(torch.autograd.Function):
+    """On (batch, seq, 2F) views; the public function merges and restores the leading dims."""
+
     @staticmethod
     def forward(ctx, h):
-        h3 = as_batch_rows(h, "h")
-        batch, seq_len, width = h3.shape
+        batch, seq_len, width = h.shape
         half = width // 2
         y = torch.empty((batch, seq_len, half), dtype=h.dtype, device=h.device)
         grid, meta = _swiglu_grid(batch * seq_len, half)
-        _swiglu_forward_kernel[grid](h3, y, batch * seq_len, seq_len, half, *h3.stride(), **meta)
+        _swiglu_forward_kernel[grid](h, y, batch * seq_len, seq_len, half, *h.stride(), **meta)
         ctx.save_for_backward(h)
-        return y.view(*h.shape[:-1], half)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
         (h,) = ctx.saved_tensors
-        h3 = as_batch_rows(h, "h")
-        dy3 = as_batch_rows(dy, "the output gradient")
-        batch, seq_len, width = h3.shape
-        dh = torch.empty(h3.shape, dtype=h.dtype, device=h.device)
+        batch, seq_len, width = h.shape
+        dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
         grid, meta = _swiglu_grid(batch * seq_len, width // 2)
         _swiglu_backward_kernel[grid](
-            h3, dy3, dh, batch * seq_len, seq_len, width // 2, *h3.stride(), *dy3.stride(), **meta
+            h, dy, dh, batch * seq_len, seq_len, width // 2, *h.stride(), *dy.stride(), **meta
         )
-        return dh.view(h.shape)
+        return dh
 
 
 def swiglu(h: torch.Tensor) -> torch.Tensor:
     """``h[..., :F] * silu(h[..., F:])`` for h (..., 2F) with any strides; float32 math, rounded once."""
     check_activation(h, "h")
-    if h.dim() < 2 or h.shape[-1] % 2:
-        raise ValueError(f"h must be (..., rows, 2F) with an even last dim, got shape {tuple(h.shape)}")
-    return _SwiGLU.apply(h)
+    if h.dim() < 2 or h.shape[-1] % 2 or h.shape[-1] == 0:
+        raise ValueError(f"h must be (..., rows, 2F) with an even, non-zero last dim, got shape {tuple(h.shape)}")
+    return _SwiGLU.apply(as_batch_rows(h, "h")).view(*h.shape[:-1], h.shape[-1] // 2)
 
 
 @triton.jit
@@ -122,7 +122,9 @@ def _gated_forward_kernel(
         gate = tl.load(gate_ptr + r[:, None] * s_gate_r + cols[None, :] * s_gate_c, mask=mask, other=0.0)
         y = y * gate.to(tl.float32)
     out = res + y
-    tl.store(out_ptr + rows[:, None] * width + cols[None, :], out.to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + rows[:, None] * width + cols[None, :], to_dtype(out, out_ptr.dtype.element_ty, UPCAST), mask=mask
+    )
 
 
 @triton.jit
@@ -155,7 +157,9 @@ def _gated_backward_kernel(
         r = tl.load(idx_ptr + seq * s_idx, mask=row_mask, other=0).to(tl.int32)
         gate = tl.load(gate_ptr + r[:, None] * s_gate_r + cols[None, :] * s_gate_c, mask=mask, other=0.0)
         dy = dout * gate.to(tl.float32)
-        tl.store(dy_ptr + rows[:, None] * width + cols[None, :], dy.to(dy_ptr.dtype.element_ty), mask=mask)
+        tl.store(
+            dy_ptr + rows[:, None] * width + cols[None, :], to_dtype(dy, dy_ptr.dtype.element_ty, UPCAST), mask=mask
+        )
         acc, run = accumulate_rows(
             acc, run, dout * y.to(tl.float32), r, row_mask, part_base, flag_base, width, cols, col_mask
         )
@@ -168,44 +172,42 @@ def _gate_args(gate: torch.Tensor | None, idx: torch.Tensor | None) -> tuple[int
 
 
 class _GatedResidual(torch.autograd.Function):
+    """On (batch, seq, C) views; the public function merges and restores the leading dims."""
+
     @staticmethod
     def forward(ctx, residual, y, gate, idx):
-        res3 = as_batch_rows(residual, "residual")
-        y3 = as_batch_rows(y, "y")
-        batch, seq_len, width = res3.shape
+        batch, seq_len, width = residual.shape
         tiling = full_row_tiling(width, "residual")
-        out = torch.empty(res3.shape, dtype=residual.dtype, device=residual.device)
+        out = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
         n_rows = batch * seq_len
         _gated_forward_kernel[(triton.cdiv(n_rows, tiling.rows),)](
-            res3, y3, gate, idx, out, n_rows, seq_len, width,
-            *res3.stride(), *y3.stride(), *_gate_args(gate, idx),
+            residual, y, gate, idx, out, n_rows, seq_len, width,
+            *residual.stride(), *y.stride(), *_gate_args(gate, idx),
             GATED=gate is not None, BLOCK_S=tiling.rows, BLOCK_C=tiling.width, num_warps=tiling.warps,
         )
         ctx.save_for_backward(y, gate, idx)
-        return out.view(residual.shape)
+        return out
 
     @staticmethod
     def backward(ctx, dout):
         y, gate, idx = ctx.saved_tensors
         if gate is None:
             return dout, dout, None, None
-        y3 = as_batch_rows(y, "y")
-        dout3 = as_batch_rows(dout, "the output gradient")
-        batch, seq_len, width = y3.shape
+        batch, seq_len, width = y.shape
         n_rows = batch * seq_len
         tiling = full_row_tiling(width, "residual")
         programs, rows_per_program = split_rows(n_rows, tiling.rows, y.device)
         table_rows = gate.shape[0]
         parts, flags = new_slots(programs, table_rows, width, y.device)
-        dy = torch.empty(y3.shape, dtype=y.dtype, device=y.device)
+        dy = torch.empty(y.shape, dtype=y.dtype, device=y.device)
         _gated_backward_kernel[(programs,)](
-            y3, gate, idx, dout3, dy, parts, flags,
+            y, gate, idx, dout, dy, parts, flags,
             n_rows, seq_len, width, table_rows, rows_per_program,
-            *y3.stride(), *dout3.stride(), *_gate_args(gate, idx),
+            *y.stride(), *dout.stride(), *_gate_args(gate, idx),
             BLOCK_S=tiling.rows, BLOCK_C=tiling.width, num_warps=tiling.warps,
         )
         dgate = reduce_slots(parts, flags, 0, torch.empty(gate.shape, dtype=gate.dtype, device=y.device))
-        return dout, dy.view(y.shape), dgate, None
+        return dout, dy, dgate, None
 
 
 def gated_residual(
@@ -226,9 +228,10 @@ def gated_residual(
             f"y ({y.dtype} {tuple(y.shape)} on {y.device}) must match residual "
             f"({residual.dtype} {tuple(residual.shape)} on {residual.device})"
         )
+    rows = (as_batch_rows(residual, "residual"), as_batch_rows(y, "y"))
     if (gate is None) != (idx is None):
         raise ValueError("gate and idx go together: pass both for a gated residual, or neither for a plain add")
     if gate is not None:
         check_table(gate, "gate", residual.shape[-1], residual.device)
         check_row_index(idx, residual.shape[-2], residual.device)
-    return _GatedResidual.apply(residual, y, gate, idx)
+    return _GatedResidual.apply(*rows, gate, idx).view(residual.shape)

@@ -117,7 +117,7 @@ def _launcher(configs: list[tuple[int, int, int, int]], interpreter_block_m: int
     per step, not per element, and ragged test sizes still end in a partial tile along every axis.
     """
     if INTERPRET:
-        fixed = {"BLOCK_M": interpreter_block_m, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}
+        fixed = {"BLOCK_M": interpreter_block_m, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}
         return lambda grid, *args, **meta: _gemm_kernel[grid](*args, **meta, **fixed)
     tuned = triton.autotune(
         configs=[
@@ -132,7 +132,7 @@ def _launcher(configs: list[tuple[int, int, int, int]], interpreter_block_m: int
 _TILED = _launcher([
     (128, 256, 8, 3), (256, 128, 8, 3), (128, 256, 8, 4), (256, 128, 8, 4),
     (128, 128, 8, 3), (128, 128, 4, 4), (128, 128, 8, 4),
-], interpreter_block_m=64)
+], interpreter_block_m=128)
 # GEMV-like: memory bound, a 16-row tile spans all rows and each program streams a BLOCK_N slice of B.
 _SKINNY = _launcher([
     (16, 64, 4, 3), (16, 64, 4, 5), (16, 128, 4, 3), (16, 128, 4, 5), (16, 256, 4, 3), (16, 256, 8, 4),

@@ -6,18 +6,21 @@ computes everything in float32 and rounds once. The tables are ``(R, C)`` views 
 modulation projection (R = timesteps x modalities, a handful), gathered per row through ``idx``; the same
 kernel serves ``norm_out`` (idx = timestep per row) and plain RMSNorm (no tables).
 
-Backward recomputes the row statistics from x rather than saving them: x is read anyway. Table and weight
-gradients are row sums, reduced deterministically through :mod:`h3_triton.rowreduce`: slot 0 of each program
-holds the weight gradient, slots 1..R the scale gradient and R+1..2R the shift gradient.
+Backward recomputes the row statistics from x rather than saving them: x is read anyway. The gradients of
+the tables and the weight are row sums, reduced deterministically through :mod:`h3_triton.rowreduce`. Per
+table row r the backward kernel sums A_r = dy * x_hat and D_r = dy over the rows that use r; then
+dscale_r = weight * A_r, dshift_r = D_r and dweight = sum_r (1 + scale_r) * A_r. Keeping two running sums
+instead of three keeps the 5376-wide rows of the release model in registers.
 """
 
 import torch
 import triton
 import triton.language as tl
 
+from h3_triton.interpret import to_dtype
 from h3_triton.rowreduce import (
-    accumulate_rows, as_batch_rows, check_activation, check_row_index, check_table, clear_flags, flush_slot,
-    full_row_tiling, new_slots, reduce_slots, split_rows,
+    UPCAST, accumulate_rows, as_batch_rows, check_activation, check_row_index, check_table, clear_flags, flush_slot,
+    full_row_tiling, new_slots, reduce_slots, slot_blocks, split_rows, sum_slots,
 )
 
 
@@ -45,7 +48,7 @@ def _forward_kernel(
         scale = tl.load(scale_ptr + r[:, None] * s_scale_r + cols[None, :] * s_scale_c, mask=mask, other=0.0)
         shift = tl.load(shift_ptr + r[:, None] * s_shift_r + cols[None, :] * s_shift_c, mask=mask, other=0.0)
         y = y * (1.0 + scale.to(tl.float32)) + shift.to(tl.float32)
-    tl.store(y_ptr + rows[:, None] * width + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + rows[:, None] * width + cols[None, :], to_dtype(y, y_ptr.dtype.element_ty, UPCAST), mask=mask)
 
 
 @triton.jit
@@ -55,19 +58,23 @@ def _backward_kernel(
     sx_b, sx_s, sx_c, sdy_b, sdy_s, sdy_c, s_w, s_scale_r, s_scale_c, s_idx,
     MODULATED: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
+    """dx per row; per table row r the sums of dy * x_hat (slot r) and of dy (slot R + r) over its rows.
+
+    Without modulation slot 0 holds the sum of dy * x_hat, which is the weight gradient itself.
+    """
     pid = tl.program_id(0)
-    slots = 1 + 2 * table_rows
+    slots = 1
+    if MODULATED:
+        slots = 2 * table_rows
     part_base = part_ptr + pid.to(tl.int64) * slots * width
     flag_base = flag_ptr + pid * slots
     clear_flags(flag_base, slots)
     cols = tl.arange(0, BLOCK_C)
     col_mask = cols < width
-    w = tl.load(w_ptr + cols * s_w, mask=col_mask, other=0.0).to(tl.float32)
     start = pid.to(tl.int64) * rows_per_program
     end = tl.minimum(start + rows_per_program, n_rows)
-    acc_w = tl.zeros([BLOCK_C], dtype=tl.float32)
-    acc_scale = tl.zeros([BLOCK_C], dtype=tl.float32)
-    acc_shift = tl.zeros([BLOCK_C], dtype=tl.float32)
+    acc_dy_x_hat = tl.zeros([BLOCK_C], dtype=tl.float32)
+    acc_dy = tl.zeros([BLOCK_C], dtype=tl.float32)
     run = 0
     if MODULATED:
         run = tl.load(idx_ptr + (start % seq_len) * s_idx).to(tl.int32)
@@ -81,34 +88,59 @@ def _backward_kernel(
         dy_off = batch * sdy_b + seq * sdy_s
         x = tl.load(x_ptr + x_off[:, None] + cols[None, :] * sx_c, mask=mask, other=0.0).to(tl.float32)
         dy = tl.load(dy_ptr + dy_off[:, None] + cols[None, :] * sdy_c, mask=mask, other=0.0).to(tl.float32)
+        # Reloaded per tile (a cache hit) rather than held across the loop: registers are the scarce resource.
+        w = tl.load(w_ptr + cols * s_w, mask=col_mask, other=0.0).to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / width + eps)
         x_hat = x * rstd[:, None]
-        dy_x_hat = dy * x_hat
         if MODULATED:
             r = tl.load(idx_ptr + seq * s_idx, mask=row_mask, other=0).to(tl.int32)
             scale = tl.load(scale_ptr + r[:, None] * s_scale_r + cols[None, :] * s_scale_c, mask=mask, other=0.0)
-            gain = 1.0 + scale.to(tl.float32)
-            acc_w += tl.sum(dy_x_hat * gain, axis=0)
-            dn = dy * gain * w[None, :]
-            acc_scale, _ = accumulate_rows(
-                acc_scale, run, dy_x_hat * w[None, :], r, row_mask, part_base + width, flag_base + 1,
-                width, cols, col_mask,
+            dn = dy * (1.0 + scale.to(tl.float32)) * w[None, :]
+            acc_dy_x_hat, _ = accumulate_rows(
+                acc_dy_x_hat, run, dy * x_hat, r, row_mask, part_base, flag_base, width, cols, col_mask
             )
-            acc_shift, run = accumulate_rows(
-                acc_shift, run, dy, r, row_mask, part_base + (1 + table_rows) * width, flag_base + 1 + table_rows,
+            acc_dy, run = accumulate_rows(
+                acc_dy, run, dy, r, row_mask, part_base + table_rows * width, flag_base + table_rows,
                 width, cols, col_mask,
             )
         else:
-            acc_w += tl.sum(dy_x_hat, axis=0)
+            acc_dy_x_hat += tl.sum(dy * x_hat, axis=0)
             dn = dy * w[None, :]
         dx = rstd[:, None] * (dn - x_hat * (tl.sum(dn * x_hat, axis=1) / width)[:, None])
-        tl.store(dx_ptr + rows[:, None] * width + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
-    flush_slot(acc_w, part_base, flag_base, 0, width, cols, col_mask)
-    if MODULATED:
-        flush_slot(acc_scale, part_base + width, flag_base + 1, run, width, cols, col_mask)
-        flush_slot(
-            acc_shift, part_base + (1 + table_rows) * width, flag_base + 1 + table_rows, run, width, cols, col_mask
+        tl.store(
+            dx_ptr + rows[:, None] * width + cols[None, :], to_dtype(dx, dx_ptr.dtype.element_ty, UPCAST), mask=mask
         )
+    flush_slot(acc_dy_x_hat, part_base, flag_base, run, width, cols, col_mask)
+    if MODULATED:
+        flush_slot(acc_dy, part_base + table_rows * width, flag_base + table_rows, run, width, cols, col_mask)
+
+
+@triton.jit
+def _table_grads_kernel(
+    part_ptr, flag_ptr, w_ptr, scale_ptr, dscale_ptr, dshift_ptr, wpart_ptr, wflag_ptr,
+    programs, table_rows, width, s_w, s_scale_r, s_scale_c,
+    BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    """Table row r: dscale = w * A_r, dshift = D_r, and the weight gradient's share (1 + scale_r) * A_r.
+
+    A_r and D_r are the slot sums of the backward kernel. The shares go to slots of their own, one per table
+    row, which :func:`reduce_slots` sums into the weight gradient.
+    """
+    r = tl.program_id(1)
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_mask = cols < width
+    a = sum_slots(part_ptr, flag_ptr, programs, 2 * table_rows, width, r, cols, col_mask, BLOCK_G, BLOCK_C)
+    d = sum_slots(
+        part_ptr, flag_ptr, programs, 2 * table_rows, width, table_rows + r, cols, col_mask, BLOCK_G, BLOCK_C
+    )
+    w = tl.load(w_ptr + cols * s_w, mask=col_mask, other=0.0).to(tl.float32)
+    scale = tl.load(scale_ptr + r * s_scale_r + cols * s_scale_c, mask=col_mask, other=0.0).to(tl.float32)
+    out = r.to(tl.int64) * width + cols
+    tl.store(dscale_ptr + out, to_dtype(w * a, dscale_ptr.dtype.element_ty, UPCAST), mask=col_mask)
+    tl.store(dshift_ptr + out, to_dtype(d, dshift_ptr.dtype.element_ty, UPCAST), mask=col_mask)
+    # A table row no row uses has A_r = 0 exactly; its scale is never read forward, so not here either.
+    tl.store(wpart_ptr + out, tl.where(a == 0.0, 0.0, (1.0 + scale) * a), mask=col_mask)
+    tl.store(wflag_ptr + r, 1)
 
 
 def _table_strides(table: torch.Tensor | None) -> tuple[int, int]:
@@ -116,52 +148,58 @@ def _table_strides(table: torch.Tensor | None) -> tuple[int, int]:
 
 
 class _RMSNormModulate(torch.autograd.Function):
+    """On (batch, seq, C) views; the public function merges and restores the leading dims."""
+
     @staticmethod
     def forward(ctx, x, weight, eps, scale, shift, idx):
-        rows3 = as_batch_rows(x, "x")
-        batch, seq_len, width = rows3.shape
+        batch, seq_len, width = x.shape
         tiling = full_row_tiling(width, "x")
-        y = torch.empty(rows3.shape, dtype=x.dtype, device=x.device)
+        y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         n_rows = batch * seq_len
         _forward_kernel[(triton.cdiv(n_rows, tiling.rows),)](
-            rows3, weight, scale, shift, idx, y,
+            x, weight, scale, shift, idx, y,
             n_rows, seq_len, width, eps,
-            *rows3.stride(), weight.stride(0), *_table_strides(scale), *_table_strides(shift),
+            *x.stride(), weight.stride(0), *_table_strides(scale), *_table_strides(shift),
             0 if idx is None else idx.stride(0),
             MODULATED=scale is not None, BLOCK_S=tiling.rows, BLOCK_C=tiling.width, num_warps=tiling.warps,
         )
         ctx.save_for_backward(x, weight, scale, shift, idx)
         ctx.eps = eps
-        return y.view(x.shape)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
         x, weight, scale, shift, idx = ctx.saved_tensors
-        rows3 = as_batch_rows(x, "x")
-        dy3 = as_batch_rows(dy, "the output gradient")
-        batch, seq_len, width = rows3.shape
+        batch, seq_len, width = x.shape
         n_rows = batch * seq_len
         tiling = full_row_tiling(width, "x")
         programs, rows_per_program = split_rows(n_rows, tiling.rows, x.device)
         modulated = scale is not None
         table_rows = scale.shape[0] if modulated else 0
-        parts, flags = new_slots(programs, 1 + 2 * table_rows, width, x.device)
-        dx = torch.empty(rows3.shape, dtype=x.dtype, device=x.device)
+        parts, flags = new_slots(programs, 2 * table_rows if modulated else 1, width, x.device)
+        dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         _backward_kernel[(programs,)](
-            rows3, weight, scale, idx, dy3, dx, parts, flags,
+            x, weight, scale, idx, dy, dx, parts, flags,
             n_rows, seq_len, width, ctx.eps, table_rows, rows_per_program,
-            *rows3.stride(), *dy3.stride(), weight.stride(0), *_table_strides(scale),
+            *x.stride(), *dy.stride(), weight.stride(0), *_table_strides(scale),
             0 if idx is None else idx.stride(0),
             MODULATED=modulated, BLOCK_S=tiling.rows, BLOCK_C=tiling.width, num_warps=tiling.warps,
         )
-        dweight = reduce_slots(parts, flags, 0, torch.empty((1, width), dtype=weight.dtype, device=x.device))
-        dscale = dshift = None
-        if modulated:
-            dscale = reduce_slots(parts, flags, 1, torch.empty(scale.shape, dtype=scale.dtype, device=x.device))
-            dshift = reduce_slots(
-                parts, flags, 1 + table_rows, torch.empty(shift.shape, dtype=shift.dtype, device=x.device)
-            )
-        return dx.view(x.shape), dweight.view(width), None, dscale, dshift, None
+        dweight = torch.empty((1, width), dtype=weight.dtype, device=x.device)
+        if not modulated:
+            reduce_slots(parts, flags, 0, dweight)
+            return dx, dweight.view(width), None, None, None, None
+        dscale = torch.empty(scale.shape, dtype=scale.dtype, device=x.device)
+        dshift = torch.empty(shift.shape, dtype=shift.dtype, device=x.device)
+        weight_parts, weight_flags = new_slots(table_rows, 1, width, x.device)
+        blocks = slot_blocks(programs, width)
+        _table_grads_kernel[(triton.cdiv(width, blocks.width), table_rows)](
+            parts, flags, weight, scale, dscale, dshift, weight_parts, weight_flags,
+            programs, table_rows, width, weight.stride(0), *scale.stride(),
+            BLOCK_G=blocks.rows, BLOCK_C=blocks.width, num_warps=blocks.warps,
+        )
+        reduce_slots(weight_parts, weight_flags, 0, dweight)
+        return dx, dweight.view(width), None, dscale, dshift, None
 
 
 def rms_norm_modulate(
@@ -180,6 +218,7 @@ def rms_norm_modulate(
     rounded once to x's dtype. Gradients: x, weight, scale, shift (table rows summed deterministically).
     """
     check_activation(x, "x")
+    rows = as_batch_rows(x, "x")
     width = x.shape[-1]
     if weight.shape != (width,) or not weight.is_floating_point() or weight.device != x.device:
         raise ValueError(
@@ -194,4 +233,4 @@ def rms_norm_modulate(
         if scale.shape != shift.shape:
             raise ValueError(f"scale {tuple(scale.shape)} and shift {tuple(shift.shape)} must have the same rows")
         check_row_index(idx, x.shape[-2], x.device)
-    return _RMSNormModulate.apply(x, weight, float(eps), scale, shift, idx)
+    return _RMSNormModulate.apply(rows, weight, float(eps), scale, shift, idx).view(x.shape)

@@ -14,8 +14,9 @@ import torch
 import triton
 import triton.language as tl
 
+from h3_triton.interpret import to_dtype
 from h3_triton.rowreduce import (
-    check_activation, clear_flags, flush_slot, full_row_tiling, new_slots, reduce_slots, split_rows,
+    UPCAST, check_activation, clear_flags, flush_slot, full_row_tiling, new_slots, reduce_slots, split_rows,
 )
 
 
@@ -59,7 +60,7 @@ def _forward_kernel(
         sign = tl.where(cols < half, -1.0, 1.0)
         rotated = x_p * rstd[:, None] * (sign * w_p)[None, :]
         y = y * cos.to(tl.float32) + rotated * sin.to(tl.float32)
-    tl.store(y_ptr + rows[:, None] * dim + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    tl.store(y_ptr + rows[:, None] * dim + cols[None, :], to_dtype(y, y_ptr.dtype.element_ty, UPCAST), mask=mask)
 
 
 @triton.jit
@@ -105,7 +106,7 @@ def _backward_kernel(
         acc_w += tl.sum(dn * x_hat, axis=0)
         g = dn * w[None, :]
         dx = rstd[:, None] * (g - x_hat * (tl.sum(g * x_hat, axis=1) / dim)[:, None])
-        tl.store(dx_ptr + rows[:, None] * dim + cols[None, :], dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        tl.store(dx_ptr + rows[:, None] * dim + cols[None, :], to_dtype(dx, dx_ptr.dtype.element_ty, UPCAST), mask=mask)
     flush_slot(acc_w, part_base, flag_base, 0, dim, cols, col_mask)
 
 

@@ -1,38 +1,44 @@
-"""Deterministic sums over many rows into a few table rows, without atomics.
+"""What the row kernels (norm, rope, elementwise) share; above all, deterministic sums into table rows.
 
-The backward passes of the normalisation, RoPE and gated-residual kernels reduce per-row products into
-weight gradients (every row adds into one row) and modulation-table gradients (row s adds into table row
-``idx[s]``). Atomics would make the float32 sums depend on scheduling. Instead a fixed number of programs
-each own a contiguous range of rows and keep the sum of the current *run* (consecutive rows that share a
-table row) in registers; when the table row changes the run is added to the program's own float32 partial
-slot ``(program, table row)``. A finalize kernel sums the touched slots over programs in one fixed order.
-The program count depends only on the shape and the device, so two runs are bitwise equal. Packed H3
-sequences hold long runs (text, video and audio segments per timestep), so a program flushes a handful of
-times; random row tables still work, at the cost of one flush per table row per tile.
+Their backward passes reduce per-row products into weight gradients (every row adds into one row) and
+modulation-table gradients (row s adds into table row ``idx[s]``). Atomics would make the float32 sums depend
+on scheduling. Instead a fixed number of programs each own a contiguous range of rows and keep the sum of
+the current *run* (consecutive rows that share a table row) in registers; when the table row changes the run
+is added to the program's own float32 partial slot ``(program, table row)``. A finalize kernel sums the
+written slots over programs in one fixed order. The program count depends only on the shape and the device,
+so two runs are bitwise equal. Packed H3 sequences hold long runs (text, video and audio segments per
+timestep), so a program flushes a handful of times; random row tables still work, at the cost of one flush
+per table row per tile.
 
 Slots live in a ``(programs, table_rows, width)`` float32 buffer left uninitialised: each program clears its
 own row of flags on entry and loads a slot only once its flag says it was written. Between a program's
 store into a slot and its next load of it stands a CTA barrier, which orders global memory within a program.
+
+Also here: the row tiling and the input checks.
 """
 
+import math
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
-from h3_triton.dot import INTERPRET
+from h3_triton.interpret import INTERPRET, to_dtype
 
-# Rows wider than this would not fit one tile in registers; no H3 layer comes close (hidden 5376).
-MAX_WIDTH = 65536
+# A whole row is one tile in registers; the widest H3 row that needs it is the hidden size, 5376.
+MAX_WIDTH = 16384
 
 # Elements per tile: a few KB of bf16 per program keeps loads vectorised and several programs resident per
-# SM. The interpreter runs one small fixed tile: it pays per operation, not per element.
-_TILE_ELEMENTS = 4096
+# SM. The interpreter pays per operation, not per element, so it runs one fixed tile twice that size.
+_TILE_ELEMENTS = 8192 if INTERPRET else 4096
 # Programs of a reducing kernel per SM: enough resident programs to cover memory latency, while the
 # partial slots they leave (programs x touched table rows x width x 4 bytes) stay a few percent of the traffic.
 _PROGRAMS_PER_SM = 4
 _INTERPRET_PROGRAMS = 4
+# Where the interpreter computes differently from a GPU, :mod:`h3_triton.interpret` works around it; this
+# constexpr selects those paths at compile time, so the GPU code pays nothing.
+UPCAST = tl.constexpr(INTERPRET)
 
 
 @dataclass(frozen=True)
@@ -51,8 +57,8 @@ def warps_for(elements: int) -> int:
 
 def full_row_tiling(width: int, name: str) -> RowTiling:
     """Tiling for kernels that need a whole row at once (a norm over it, or a table row accumulated per row)."""
-    if width > MAX_WIDTH:
-        raise ValueError(f"{name} has {width} channels; these kernels hold a row in one tile, at most {MAX_WIDTH}")
+    if not 0 < width <= MAX_WIDTH:
+        raise ValueError(f"{name} has {width} channels; these kernels hold a row in one tile, 1 to {MAX_WIDTH}")
     padded = triton.next_power_of_2(width)
     rows = max(1, _TILE_ELEMENTS // padded)
     return RowTiling(rows=rows, width=padded, warps=warps_for(rows * padded))
@@ -67,7 +73,7 @@ def split_rows(rows: int, tile_rows: int, device: torch.device) -> tuple[int, in
         target = _INTERPRET_PROGRAMS
     else:
         target = _PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-    tiles = triton.cdiv(rows, tile_rows)
+    tiles = max(1, triton.cdiv(rows, tile_rows))
     rows_per_program = triton.cdiv(tiles, min(target, tiles)) * tile_rows
     return triton.cdiv(rows, rows_per_program), rows_per_program
 
@@ -99,38 +105,47 @@ def flush_slot(acc, part_base, flag_base, j, width, cols, col_mask):
 
 
 @triton.jit
+def _extend_run(acc, run, r, vals, part_base, flag_base, width, cols, col_mask):
+    """Add a tile whose rows all belong to table row ``r``, flushing the current run first if ``r`` differs."""
+    if r != run:
+        flush_slot(acc, part_base, flag_base, run, width, cols, col_mask)
+        acc = tl.zeros_like(acc)
+        run = r
+    return acc + tl.sum(vals, axis=0), run
+
+
+@triton.jit
 def accumulate_rows(acc, run, vals, table_row, row_mask, part_base, flag_base, width, cols, col_mask):
     """Add the rows of ``vals`` (tile rows x cols, float32) into table rows ``table_row``; returns ``(acc, run)``.
 
-    ``acc`` holds the sum of the current run, whose table row is ``run``. A tile entirely in that run adds in
-    registers; any other tile flushes the run, then flushes one column sum per table row it spans and starts
-    a new, empty run. The caller flushes the last run with :func:`flush_slot`.
+    ``acc`` holds the sum of the current run, whose table row is ``run``. A tile within one table row adds in
+    registers (after flushing the run if the table row changed); a tile spanning several table rows flushes
+    the run and one column sum per table row it spans, and leaves an empty run. Tiles of one row never span,
+    and compile without that path. The caller flushes the last run with :func:`flush_slot`.
     """
     vals = tl.where(row_mask[:, None], vals, 0.0)
     table_row = tl.where(row_mask, table_row, run)
     lo = tl.min(table_row, axis=0)
-    hi = tl.max(table_row, axis=0)
-    if (lo == run) & (hi == run):
-        acc += tl.sum(vals, axis=0)
+    if vals.shape[0] == 1:
+        acc, run = _extend_run(acc, run, lo, vals, part_base, flag_base, width, cols, col_mask)
     else:
-        flush_slot(acc, part_base, flag_base, run, width, cols, col_mask)
-        for r in range(lo, hi + 1):
-            part = tl.sum(tl.where(table_row[:, None] == r, vals, 0.0), axis=0)
-            flush_slot(part, part_base, flag_base, r, width, cols, col_mask)
-        acc = tl.zeros_like(acc)
-        run = hi
+        hi = tl.max(table_row, axis=0)
+        if lo == hi:
+            acc, run = _extend_run(acc, run, lo, vals, part_base, flag_base, width, cols, col_mask)
+        else:
+            flush_slot(acc, part_base, flag_base, run, width, cols, col_mask)
+            for r in range(lo, hi + 1):
+                part = tl.sum(tl.where(table_row[:, None] == r, vals, 0.0), axis=0)
+                flush_slot(part, part_base, flag_base, r, width, cols, col_mask)
+            acc = tl.zeros_like(acc)
+            run = hi
     return acc, run
 
 
 @triton.jit
-def _reduce_slots_kernel(
-    part_ptr, flag_ptr, out_ptr, programs, table_rows, width, first,
-    BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr,
-):
-    """out[j] = sum over programs of slot ``first + j``, touched slots only, in program order by blocks."""
-    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
-    col_mask = cols < width
-    j = first + tl.program_id(1)
+def sum_slots(part_ptr, flag_ptr, programs, table_rows, width, j, cols, col_mask, BLOCK_G: tl.constexpr,
+              BLOCK_C: tl.constexpr):
+    """Sum over programs of the written slots ``j`` at ``cols``: blocks of programs in order, each a tree sum."""
     total = tl.zeros([BLOCK_C], dtype=tl.float32)
     for g0 in range(0, programs, BLOCK_G):
         g = g0 + tl.arange(0, BLOCK_G)
@@ -140,19 +155,37 @@ def _reduce_slots_kernel(
             part_ptr + slot[:, None] * width + cols[None, :], mask=written[:, None] & col_mask[None, :], other=0.0
         )
         total += tl.sum(part, axis=0)
+    return total
+
+
+@triton.jit
+def _reduce_slots_kernel(
+    part_ptr, flag_ptr, out_ptr, programs, table_rows, width, first,
+    BLOCK_G: tl.constexpr, BLOCK_C: tl.constexpr,
+):
+    cols = tl.program_id(0) * BLOCK_C + tl.arange(0, BLOCK_C)
+    col_mask = cols < width
+    total = sum_slots(
+        part_ptr, flag_ptr, programs, table_rows, width, first + tl.program_id(1), cols, col_mask, BLOCK_G, BLOCK_C
+    )
     out = out_ptr + tl.program_id(1).to(tl.int64) * width + cols
-    tl.store(out, total.to(out_ptr.dtype.element_ty), mask=col_mask)
+    tl.store(out, to_dtype(total, out_ptr.dtype.element_ty, UPCAST), mask=col_mask)
+
+
+def slot_blocks(programs: int, width: int) -> RowTiling:
+    """Tiling of a finalize kernel: ``rows`` programs' slots by ``width`` columns per step."""
+    block_c = min(triton.next_power_of_2(width), 128 if INTERPRET else 64)
+    block_g = min(triton.next_power_of_2(max(1, programs)), 128)
+    return RowTiling(rows=block_g, width=block_c, warps=warps_for(block_g * block_c))
 
 
 def reduce_slots(parts: torch.Tensor, flags: torch.Tensor, first: int, out: torch.Tensor) -> torch.Tensor:
     """Fill ``out`` (n, width), contiguous, any float dtype, with the sums of slots ``first .. first + n - 1``."""
     programs, table_rows, width = parts.shape
-    block_c = min(triton.next_power_of_2(width), 128 if INTERPRET else 64)
-    block_g = min(triton.next_power_of_2(programs), 128)
-    grid = (triton.cdiv(width, block_c), out.shape[0])
-    _reduce_slots_kernel[grid](
+    blocks = slot_blocks(programs, width)
+    _reduce_slots_kernel[(triton.cdiv(width, blocks.width), out.shape[0])](
         parts, flags, out, programs, table_rows, width, first,
-        BLOCK_G=block_g, BLOCK_C=block_c, num_warps=warps_for(block_g * block_c),
+        BLOCK_G=blocks.rows, BLOCK_C=blocks.width, num_warps=blocks.warps,
     )
     return out
 
@@ -171,7 +204,7 @@ def as_batch_rows(t: torch.Tensor, name: str) -> torch.Tensor:
     if t.dim() < 2:
         raise ValueError(f"{name} must be (..., seq, channels), got shape {tuple(t.shape)}")
     try:
-        return t.view(-1, *t.shape[-2:])
+        return t.view(math.prod(t.shape[:-2]), *t.shape[-2:])
     except RuntimeError as error:
         raise ValueError(
             f"the leading dims of {name} (shape {tuple(t.shape)}, strides {t.stride()}) cannot merge into one "

@@ -193,7 +193,8 @@ def verify_lock(thresholds: Path) -> dict[str, str]:
         relative = path.relative_to(thresholds).as_posix()
         present.add(relative)
         if relative not in lock:
-            problems.append(f"{path} is not in {LOCK_NAME}: freeze it with --h3-freeze instead of adding it by hand")
+            how = f"lock it with `h3gate lock {path}`" if path.name.endswith("-contract.json") else "freeze it with --h3-freeze"
+            problems.append(f"{path} is not in {LOCK_NAME}: {how} instead of adding it by hand")
         elif sha256_file(path) != lock[relative]:
             problems.append(
                 f"{path} does not match its digest in {_lock_path(thresholds)} (edited after it was frozen): restore it "

@@ -29,7 +29,7 @@ class Check:
     def ratio(self) -> float:
         """How much of the allowance is used: 1 is at the bound, above 1 fails."""
         if self.direction == "min":
-            return 1.0 if self.passed else 1.0 + abs(self.margin) / max(abs(self.bound), 1e-12)
+            return math.inf if self.value <= 0 else self.bound / self.value
         if self.bound == 0:
             return math.inf if self.value else 0.0
         return self.value / self.bound

@@ -118,7 +118,7 @@ def replay(block_module, captured: dict, device: str, call=None, seed: int = 0) 
     block_module.zero_grad(set_to_none=True)
     token = TAP_POINT.set(point)
     try:
-        output = (call or block_module)(hidden, temb, indices, rotary)
+        output = (block_module if call is None else call)(hidden, temb, indices, rotary)
         store.put("output", output)
         (output.float() * _upstream(output.shape, seed).to(device)).sum().backward()
     finally:

@@ -1,0 +1,578 @@
+"""The ``generation`` gate: the whole pipeline, one seed at a time, the candidate against the provider's generation.
+
+The pipeline is diffusers' modular MiniMax-H3 pipeline as shipped (:mod:`h3gate.pipeline`); only the transformer
+call is wrapped, by the resumable run store (:mod:`h3gate.resume`), which saves or replays every call.
+
+:func:`check` (one seed, one pytest item):
+
+1. Cheap before expensive: the model gate must have passed for this model and candidate identity
+   (:func:`record_model_gate_outcome` records the verdict, :func:`require_model_gate_pass` checks it); an override
+   reason lets it run anyway and is recorded in the result.
+2. The provider's generation of the seed, cached as a resumable run under ``out_dir`` (freezing made it) and
+   reused when its identity matches; otherwise generated (or resumed) now.
+3. Same start: the candidate's first transformer call's inputs (video latents, audio latents, text states,
+   layout) must equal the provider's bitwise; otherwise the gate fails naming both digests, before a single
+   candidate step is computed.
+4. Metrics (:mod:`h3gate.metrics`) against the provider's generation under both rules, ``fixed`` (the
+   contract's bounds) and ``calibrated`` (the frozen bounds); the contract's ``gating_rule`` makes the checks,
+   the other rule is reported in ``GateResult.metrics``.
+
+:func:`freeze`, before any candidate generates: the provider and every variant generate every seed; per gated
+metric the worst value over the variants and seeds, widened by the contract's margin ``m``, is the calibrated
+bound - PSNR ``worst - 20 log10(1 + m)`` dB (the RMSE may grow by ``1 + m``), SSIM ``1 - (1 + m)(1 - worst)``,
+temporal RMSE and audio relative L2 ``(1 + m) worst``. A variant whose generations equal the provider's (or an
+earlier variant's) bitwise adds nothing and is dropped, as recorded; when no variant changes a metric at all
+freezing is refused, since the rule would then demand bitwise equality. The bounds file is written and locked
+with :mod:`h3gate.bounds` (``thresholds/<model>/<device class>/<contract name>-bounds.json``).
+
+Run store: ``out_dir/generation/<model>/<contract name>/<role>/seed<k>/``, role ``provider``,
+``variant-<mode>`` or ``candidate-<name>``; each run's identity holds the model identity, components digest,
+contract digest, candidate identity (name, source digest), numerics mode and switches, device class and the
+torch / triton / diffusers versions. A run of another identity in that folder is refused, never replaced.
+
+The embedded presets' pipeline components are built here (:func:`h3gate.pipeline.build_components`, seed 0);
+a checkpoint folder's components are not loaded yet, so the gate refuses checkpoint models.
+
+Entry points (``progress`` is a text stream for tqdm's step bars, or None for none):
+
+- ``freeze(model, contract, device, thresholds, variant_names=None, force_reason=None, out_dir, progress)``
+  -> :class:`GenerationBounds` (written and locked);
+- ``load_bounds(thresholds, model, contract, device)`` -> :class:`GenerationBounds`, or ``BoundsError``;
+- ``check(model, candidate, contract, frozen, device, seed, out_dir, *, verify_last_step=False, progress=None,
+  model_gate_override=None)`` -> ``GateResult`` of one seed: checks ``same_start`` (+ ``determinism`` when a
+  step was verified) and the gating rule's four metrics; ``metrics`` holds every value, per-frame lists and
+  both rules; ``context`` the artifacts (path, sha256) of both generations, noise digests, run folders,
+  contract and bounds digests and the model gate's pass or override;
+- ``record_model_gate_outcome(out_dir, model_identity, candidate_identity, bounds_sha256, passed)`` after a model gate;
+- ``run_generation(...)`` -> :class:`Generation`, one resumable generation (also the provider cache).
+
+``check`` raises (rather than fails) what a person must fix: :class:`ModelGateNotPassed`, a
+``BoundsError``, a refused or damaged run folder (:class:`h3gate.resume.ResumeError`); SIGTERM/SIGINT end a
+generation with :class:`h3gate.resume.Preempted`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+import hashlib
+import json
+import time
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from h3gate import bounds as bounds_mod
+from h3gate import metrics, numerics, resume
+from h3gate.candidates import Candidate, CandidateError
+from h3gate.files import FileFormatError, read_json, sha256_bytes, sha256_file, write_json
+from h3gate.generation_contract import GenerationContract
+from h3gate.measure import timed
+from h3gate.model import Model, _tensor_digest
+from h3gate.pipeline import COMPONENT_CONFIGS, build_components, generate, load_reference_image, make_pipeline
+from h3gate.verdict import Check, GateResult
+
+GATE = "generation"
+RUN_SCHEMA = "h3gate.generation-run/1"
+PASS_SCHEMA = "h3gate.gate-pass/1"
+COMPONENTS_SEED = 0
+
+
+class ModelGateNotPassed(RuntimeError):
+    """The generation gate was asked to run before the model gate passed for the same candidate."""
+
+
+# Cheap before expensive -------------------------------------------------------------------------------
+
+
+def _canonical(value):
+    """``value`` as it reads back from JSON (tuples become lists), so a recorded identity compares equal."""
+    return json.loads(json.dumps(value, sort_keys=True))
+
+
+def _pass_path(out_dir, model_identity: str, candidate_identity: dict) -> Path:
+    key = sha256_bytes(json.dumps({"model": model_identity, "candidate": candidate_identity}, sort_keys=True).encode())
+    return Path(out_dir) / "gate-passes" / "model" / f"{key}.json"
+
+
+def record_model_gate_outcome(
+    out_dir, model_identity: str, candidate_identity: dict, bounds_sha256: str, passed: bool = True
+) -> Path:
+    """Record the model gate's verdict for this model and candidate identity (under the frozen bounds given)."""
+    candidate_identity = _canonical(candidate_identity)
+    path = _pass_path(out_dir, model_identity, candidate_identity)
+    write_json(
+        path,
+        {
+            "schema": PASS_SCHEMA,
+            "gate": "model",
+            "passed": passed,
+            "model_identity": model_identity,
+            "candidate": candidate_identity,
+            "bounds_sha256": bounds_sha256,
+            "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        },
+    )
+    return path
+
+
+def wait_for_model_gate(out_dir, model_identity: str, candidate_identity: dict, stream=None, timeout: float = 7200.0) -> None:
+    """Wait until the model gate's verdict for this identity is recorded (another xdist worker may run it)."""
+    path = _pass_path(out_dir, model_identity, _canonical(candidate_identity))
+    deadline = time.monotonic() + timeout
+    if not path.is_file() and stream is not None:
+        stream.write(f"generation gate: waiting for the model gate's verdict ({path.name})\n")
+    while not path.is_file() and time.monotonic() < deadline:
+        time.sleep(1.0)
+
+
+def require_model_gate_pass(out_dir, model_identity: str, candidate_identity: dict, override: str | None = None) -> dict:
+    """The model gate's recorded pass for this identity, or the override (a reason), or :class:`ModelGateNotPassed`.
+
+    The returned dict goes into the result's context, so an override is always visible in the evidence."""
+    candidate_identity = _canonical(candidate_identity)
+    path = _pass_path(out_dir, model_identity, candidate_identity)
+    if path.is_file():
+        record = read_json(path, "model gate pass record")
+        if record.get("model_identity") == model_identity and record.get("candidate") == candidate_identity:
+            if record.get("passed"):
+                return {"status": "passed", "record": str(path), "bounds_sha256": record.get("bounds_sha256")}
+            if not override:
+                raise ModelGateNotPassed(
+                    f"the model gate FAILED for candidate {candidate_identity.get('name')!r} ({path}): a candidate "
+                    "that fails the model gate is not worth hours of generation; fix that first, or give an override "
+                    "reason, which is recorded in the results"
+                )
+    if override:
+        return {"status": "overridden", "reason": override}
+    raise ModelGateNotPassed(
+        f"the generation gate runs only after the model gate has passed for the same candidate, and no pass of "
+        f"candidate {candidate_identity.get('name')!r} on model {model_identity[:12]} is recorded under {out_dir}: "
+        "run the model gate first (pytest -m gate, same candidate, model and output folder), or give an override "
+        "reason, which is recorded in the results"
+    )
+
+
+# Generations ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Generation:
+    """One finished generation of the run store: decoded arrays, artifacts and the first call's input digests."""
+
+    role: str
+    seed: int
+    folder: Path
+    video: np.ndarray
+    audio: np.ndarray
+    artifacts: dict  # file name -> {"path", "sha256"}
+    notes: list
+    first_call_inputs: dict  # input name -> sha256
+    reused: bool
+    verified_step: int | None = None
+
+    def summary(self) -> dict:
+        return {
+            "run_folder": str(self.folder),
+            "artifacts": self.artifacts,
+            "notes": self.notes,
+            "reused": self.reused,
+            "verified_step": self.verified_step,
+        }
+
+
+def _components_digest(components: dict) -> str:
+    digest = hashlib.sha256()
+    for name in sorted(components):
+        value = components[name]
+        if isinstance(value, torch.nn.Module):
+            part = _tensor_digest(value.state_dict())
+        elif hasattr(value, "get_vocab"):
+            part = json.dumps(value.get_vocab(), sort_keys=True)
+        elif hasattr(value, "to_json_string"):
+            part = value.to_json_string()
+        elif hasattr(value, "config"):
+            part = json.dumps(dict(value.config), sort_keys=True, default=str)
+        else:
+            part = repr(value)
+        digest.update(f"{name}\0{part}\0".encode())
+    return digest.hexdigest()
+
+
+@functools.lru_cache(maxsize=2)
+def _components(model_name: str) -> tuple[dict, str]:
+    if model_name not in COMPONENT_CONFIGS:
+        raise ValueError(
+            f"the generation gate builds the pipeline components of the embedded presets "
+            f"({', '.join(sorted(COMPONENT_CONFIGS))}); model {model_name!r} is a checkpoint folder, whose VAEs and "
+            "text encoder it does not load: run the generation gate on an embedded preset"
+        )
+    components = build_components(model_name, COMPONENTS_SEED)
+    return components, _components_digest(components)
+
+
+def _quiet(blocks) -> None:
+    """Turn off diffusers' own progress bars, nested loops included (each run draws its own bar)."""
+    for block in getattr(blocks, "sub_blocks", {}).values():
+        if hasattr(block, "set_progress_bar_config"):
+            block.set_progress_bar_config(disable=True)
+        _quiet(block)
+
+
+def run_folder(out_dir, model: Model, contract: GenerationContract, role: str, seed: int) -> Path:
+    return Path(out_dir) / GATE / model.name / contract.name / role / f"seed{seed}"
+
+
+def _role(mode: numerics.Mode, candidate: Candidate | None) -> str:
+    if candidate is not None:
+        return f"candidate-{candidate.name}"
+    return "provider" if mode.name == numerics.PROVIDER.name else f"variant-{mode.name}"
+
+
+def _versions() -> dict:
+    import diffusers
+    import triton
+
+    return {"torch": torch.__version__, "triton": triton.__version__, "diffusers": diffusers.__version__}
+
+
+def _identity(role, seed, model, components_digest, contract, candidate, mode, device) -> dict:
+    switches = {
+        key: value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
+        for key, value in numerics.snapshot().items()
+    }
+    return {
+        "schema": RUN_SCHEMA,
+        "role": role,
+        "seed": seed,
+        "model": {"name": model.name, "identity": model.identity},
+        "components_sha256": components_digest,
+        "contract": {"name": contract.name, "sha256": contract.digest},
+        "candidate": candidate.identity() if candidate is not None else None,
+        "numerics": {"mode": mode.name, "switches": switches},
+        "device_class": bounds_mod.device_class(device),
+        "versions": _versions(),
+    }
+
+
+def _describe(inputs: dict) -> dict:
+    return {"timesteps": inputs["timestep"].tolist()}
+
+
+def run_generation(
+    model: Model,
+    contract: GenerationContract,
+    seed: int,
+    device: str,
+    out_dir,
+    *,
+    mode: numerics.Mode = numerics.PROVIDER,
+    candidate: Candidate | None = None,
+    expected_first_inputs: dict | None = None,
+    verify_last_step: bool = False,
+    progress=None,
+    lock_timeout: float = 3600.0,
+) -> Generation:
+    """The generation of ``seed`` by the provider (under ``mode``) or by ``candidate``: reused from the run store
+    when finished with the same identity, resumed when partly saved, generated otherwise.
+
+    ``expected_first_inputs`` (a reference generation's ``first_call_inputs``) stops the run at its first call if
+    its inputs differ (:class:`h3gate.resume.StartMismatch`). ``progress`` is the text stream of the step bar.
+    """
+    if candidate is not None and mode.name != numerics.PROVIDER.name:
+        raise ValueError(f"a candidate generates under the provider mode, not {mode.name!r}")
+    if mode.fp32_weights:
+        raise ValueError("the generation gate compares generations at checkpoint precision; golden is not one of them")
+    if seed not in contract.seeds:
+        raise ValueError(f"seed {seed} is not one of the contract's seeds {list(contract.seeds)} ({contract.path})")
+    role = _role(mode, candidate)
+    components, components_digest = _components(model.name)
+    transformer = model.transformer.to(device)
+    for component in components.values():
+        if isinstance(component, torch.nn.Module):
+            component.to(device)
+    pipe = make_pipeline(components, transformer)
+    _quiet(pipe._blocks)  # the running blocks: the public ``blocks`` is a copy
+    contract.check_pipeline(pipe)
+    image = load_reference_image() if contract.workflow == "fl2va" else None
+    folder = run_folder(out_dir, model, contract, role, seed)
+    with numerics.activate(mode):
+        identity = _identity(role, seed, model, components_digest, contract, candidate, mode, device)
+        with resume.Run(
+            folder,
+            identity,
+            contract.transformer_calls,
+            label=f"{role} seed {seed}",
+            progress=progress,
+            lock_timeout=lock_timeout,
+            verify_last_step=verify_last_step,
+            expected_first_inputs=expected_first_inputs,
+        ) as run:
+            reused = run.finished is not None
+            if not reused or verify_last_step:
+                installed = candidate.installed(transformer) if candidate is not None else contextlib.nullcontext()
+                with installed, run.intercept(transformer, numerics.runner(mode, transformer.forward), _describe):
+                    video, audio = generate(
+                        pipe,
+                        workflow=contract.workflow,
+                        prompt=contract.prompt,
+                        seed=seed,
+                        num_frames=contract.num_frames,
+                        height=contract.height,
+                        width=contract.width,
+                        num_inference_steps=contract.num_inference_steps,
+                        image=image,
+                    )
+            if not reused:
+                _require_finite(video, audio, role, CandidateError if candidate is not None else ValueError)
+                written, notes = metrics.write_artifacts(folder, video, audio, contract.fps, contract.audio_sample_rate)
+                run.finish({name: artifact["sha256"] for name, artifact in written.items()}, {"notes": notes})
+            video, audio = metrics.read_arrays(folder / metrics.ARRAYS_FILE)
+            return Generation(
+                role=role,
+                seed=seed,
+                folder=folder,
+                video=video,
+                audio=audio,
+                artifacts={name: {"path": str(folder / name), "sha256": sha} for name, sha in run.finished["artifacts"].items()},
+                notes=list(run.finished.get("notes", [])),
+                first_call_inputs=run.first_call_inputs,
+                reused=reused,
+                verified_step=run.verified_step,
+            )
+
+
+def _require_finite(video: np.ndarray, audio: np.ndarray, role: str, error) -> None:
+    for name, array in (("video", video), ("audio", audio)):
+        bad = int((~np.isfinite(array)).sum())
+        if bad:
+            raise error(f"{role} generated {bad} non-finite {name} values of {array.size}; run the model gate to find the op")
+
+
+# Calibrated bounds ------------------------------------------------------------------------------------
+
+
+def calibrated_bound(metric: str, worst: float, margin: float) -> float:
+    """The calibrated bound of ``metric`` from the worst variant value and the margin (module docstring)."""
+    factor = 1.0 + margin
+    if metric == "video_psnr_min_db":
+        return worst - 20.0 * math.log10(factor)
+    if metric == "video_ssim_min":
+        return 1.0 - factor * (1.0 - worst)
+    return factor * worst
+
+
+class GenerationBounds(bounds_mod.Bounds):
+    """Frozen calibrated bounds of the generation gate: the bounds file format, with this gate's rule."""
+
+    @property
+    def non_discriminating(self) -> list[str]:
+        """Bounds no generation can violate: a PSNR or SSIM floor <= 0, an error ceiling >= 1."""
+        return sorted(
+            metric
+            for metric, bound in self.bounds.items()
+            if (bound <= 0 if metric in metrics.AT_LEAST else bound >= 1.0)
+        )
+
+    def to_json(self) -> dict:
+        data = super().to_json()
+        data["rule"] = {
+            "metric": "the variant's generation against the provider's generation of the same seed",
+            "bound": "worst over kept variants and seeds; PSNR: worst - 20 log10(1 + m) dB; SSIM: 1 - (1 + m)(1 - "
+            "worst); temporal RMSE and audio relative L2: (1 + m) worst",
+            "margin": self.provenance["calibration_margin"],
+        }
+        return data
+
+
+def freeze(
+    model: Model,
+    contract: GenerationContract,
+    device: str,
+    thresholds: Path,
+    variant_names: list[str] | None = None,
+    force_reason: str | None = None,
+    out_dir="h3-out",
+    progress=None,
+) -> GenerationBounds:
+    """Generate every seed with the provider and each variant, freeze the calibrated bounds and lock them."""
+    device_class = bounds_mod.device_class(device)
+    path = bounds_mod.bounds_path(thresholds, model.name, device_class, contract.name)
+    bounds_mod.refuse_overwrite(path, force_reason)  # before minutes of generating, not after
+    names = list(variant_names) if variant_names is not None else [mode.name for mode in numerics.variants(device)]
+    if not names:
+        raise bounds_mod.BoundsError("calibrating generation bounds needs at least one provider variant")
+    modes = [numerics.get(name, device) for name in names]
+    timings: dict[str, float] = {}
+    measured: dict[str, dict[int, dict]] = {name: {} for name in names}
+    digests: dict[str, dict[str, str]] = {source: {} for source in ["provider", *names]}
+    for seed in contract.seeds:
+        with timed(timings, "provider"):
+            reference = run_generation(model, contract, seed, device, out_dir, progress=progress)
+        digests["provider"][f"seed{seed}"] = reference.artifacts[metrics.ARRAYS_FILE]["sha256"]
+        for mode in modes:
+            with timed(timings, mode.name):
+                generated = run_generation(
+                    model, contract, seed, device, out_dir, mode=mode,
+                    expected_first_inputs=reference.first_call_inputs, progress=progress,
+                )
+            digests[mode.name][f"seed{seed}"] = generated.artifacts[metrics.ARRAYS_FILE]["sha256"]
+            measured[mode.name][seed] = metrics.compare(generated.video, generated.audio, reference.video, reference.audio)
+    kept: list[str] = []
+    dropped: dict[str, str] = {}
+    for name in names:
+        twin = next((source for source in ["provider", *kept] if digests[source] == digests[name]), None)
+        if twin is None:
+            kept.append(name)
+        else:
+            dropped[name] = twin
+    if not kept:
+        raise bounds_mod.BoundsError(
+            f"no variant of {names} changed the generation of any seed (each equals the provider's bitwise): the "
+            "calibrated rule would demand bitwise equality; calibrate with variants that change the arithmetic "
+            f"(here: {', '.join(mode.name for mode in numerics.variants(device))})"
+        )
+    table, providers = {}, []
+    for metric in metrics.GATED:
+        pick = min if metric in metrics.AT_LEAST else max
+        worst, source = pick((measured[name][seed][metric], name) for name in kept for seed in contract.seeds)
+        if worst == metrics.identical_value(metric):
+            raise bounds_mod.BoundsError(f"no variant of {kept} changed {metric} on any seed; the calibrated bound would "
+                                         "demand bitwise equality")
+        table[metric] = calibrated_bound(metric, worst, contract.calibration_margin)
+        if source not in providers:
+            providers.append(source)
+    frozen = GenerationBounds(
+        gate=contract.name,
+        model_identity=model.identity,
+        device_class=device_class,
+        bounds=table,
+        errors={name: {f"seed{seed}.{m}": measured[name][seed][m] for seed in contract.seeds for m in metrics.GATED} for name in kept},
+        sources=names,
+        providers=providers,
+        duplicates_dropped=dropped,
+        provenance=bounds_mod.provenance(
+            {
+                "model_source": model.source,
+                "contract": contract.to_json(),
+                "contract_sha256": contract.digest,
+                "calibration_margin": contract.calibration_margin,
+                "generations_sha256": digests,
+                "timings_s": timings,
+            }
+        ),
+    )
+    bounds_mod.save(frozen, path, thresholds, force_reason)
+    return frozen
+
+
+def load_bounds(thresholds: Path, model: Model, contract: GenerationContract, device: str) -> GenerationBounds:
+    """The frozen calibrated bounds for this model, contract and device, or a :class:`h3gate.bounds.BoundsError`."""
+    device_class = bounds_mod.device_class(device)
+    path = bounds_mod.bounds_path(thresholds, model.name, device_class, contract.name)
+    loaded = bounds_mod.load(path, contract.name, model.identity, device_class)
+    if loaded.provenance.get("contract_sha256") != contract.digest:
+        raise bounds_mod.BoundsError(
+            f"{path} was frozen for another contract than {contract.path} (sha256 {contract.digest[:12]}); freeze "
+            "the generation bounds again"
+        )
+    if set(loaded.bounds) != set(metrics.GATED):
+        raise FileFormatError(path, f"bounds must be exactly {list(metrics.GATED)}, found {sorted(loaded.bounds)}")
+    return GenerationBounds(**{f.name: getattr(loaded, f.name) for f in fields(loaded)})
+
+
+# The check --------------------------------------------------------------------------------------------
+
+
+def _evaluate(values: dict, bounds: dict, rule: str, seed: int) -> list[Check]:
+    checks = []
+    for metric in metrics.GATED:
+        direction = "min" if metric in metrics.AT_LEAST else "max"
+        value, bound = values[metric], bounds[metric]
+        passed = value >= bound if direction == "min" else value <= bound
+        checks.append(Check(metric, f"{rule} rule", value, bound, passed, {"seed": seed}, direction))
+    return checks
+
+
+def check(
+    model: Model,
+    candidate: Candidate,
+    contract: GenerationContract,
+    frozen: bounds_mod.Bounds,
+    device: str,
+    seed: int,
+    out_dir,
+    *,
+    verify_last_step: bool = False,
+    progress=None,
+    model_gate_override: str | None = None,
+) -> GateResult:
+    """Qualify ``candidate``'s generation of ``seed`` against the provider's, under frozen bounds."""
+    model_gate = require_model_gate_pass(out_dir, model.identity, candidate.identity(), model_gate_override)
+    if frozen.provenance.get("contract_sha256") != contract.digest:
+        raise bounds_mod.BoundsError(f"bounds {frozen.path} were frozen for another contract than {contract.path}")
+    timings: dict[str, float] = {}
+    context = {
+        "contract": str(contract.path),
+        "contract_sha256": contract.digest,
+        "bounds_file": str(frozen.path),
+        "bounds_sha256": sha256_file(frozen.path) if frozen.path else "",
+        "model_identity": model.identity,
+        "candidate": candidate.identity(),
+        "device_class": frozen.device_class,
+        "gating_rule": contract.gating_rule,
+        "model_gate": model_gate,
+    }
+    params = {"seed": seed}
+    with timed(timings, "provider"):
+        reference = run_generation(model, contract, seed, device, out_dir, progress=progress)
+    context["provider"] = reference.summary()
+    try:
+        with timed(timings, "candidate"):
+            generated = run_generation(
+                model, contract, seed, device, out_dir, candidate=candidate,
+                expected_first_inputs=reference.first_call_inputs, verify_last_step=verify_last_step,
+                progress=progress,
+            )
+    except resume.StartMismatch as error:
+        context["noise_digests"] = {"provider": error.expected, "candidate": error.found}
+        return GateResult(GATE, params, [Check("same_start", "same_start", 1.0, 0.0, False, {"reason": str(error)})], context, {}, timings)
+    except resume.Nondeterministic as error:  # raised after the run checked its first call against the provider's
+        context["noise_digests"] = {"provider": reference.first_call_inputs, "candidate": reference.first_call_inputs}
+        checks = [
+            _same_start_passed(),
+            Check("determinism", "determinism", error.max_abs, 0.0, False, {"reason": str(error), "step": error.step}),
+        ]
+        return GateResult(GATE, params, checks, context, {}, timings)
+    context["candidate_run"] = generated.summary()
+    context["noise_digests"] = {"provider": reference.first_call_inputs, "candidate": generated.first_call_inputs}
+    context["artifacts"] = {"provider": reference.artifacts, "candidate": generated.artifacts}
+    mismatch = resume.start_mismatch(reference.first_call_inputs, generated.first_call_inputs)
+    if mismatch is not None:  # a reused candidate run made against another provider generation
+        return GateResult(GATE, params, [Check("same_start", "same_start", 1.0, 0.0, False, {"reason": str(mismatch)})], context, {}, timings)
+    checks = [_same_start_passed()]
+    if generated.verified_step is not None:
+        checks.append(Check("determinism", "determinism", 0.0, 0.0, True, {"verified_step": generated.verified_step}))
+    with timed(timings, "metrics"):
+        values = metrics.compare(generated.video, generated.audio, reference.video, reference.audio)
+    rules = {"fixed": contract.fixed_bounds, "calibrated": frozen.bounds}
+    evaluated = {rule: _evaluate(values, bounds, rule, seed) for rule, bounds in rules.items()}
+    checks += evaluated[contract.gating_rule]
+    report = {
+        "values": {key: value for key, value in values.items() if key != "per_frame"},
+        "per_frame": values["per_frame"],
+        "gating_rule": contract.gating_rule,
+        "rules": {
+            rule: {c.name: {"value": c.value, "bound": c.bound, "passed": c.passed, "margin": c.margin} for c in found}
+            for rule, found in evaluated.items()
+        },
+    }
+    return GateResult(GATE, params, checks, context, report, timings)
+
+
+def _same_start_passed() -> Check:
+    return Check("same_start", "same_start", 0.0, 0.0, True, {"reason": "first call's inputs equal the provider's bitwise"})

@@ -1,0 +1,297 @@
+"""The generation gate through the engine: contract validation, freezing from provider variants, and checks
+that pass the provider and fail broken, drifting, nondeterministic or unqualified candidates with named reasons."""
+
+import json
+import math
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from broken import AudioTakesTextModulation
+from h3gate import bounds as bounds_mod
+from h3gate import candidates, generation_contract, resume
+from h3gate.candidates import Candidate, ProviderCandidate, source_digest
+from h3gate.files import FileFormatError, sha256_file
+from h3gate.gates import generation as gate
+from h3gate.pipeline import make_pipeline
+
+from conftest import THRESHOLDS
+from test_resume import one_thread  # noqa: F401  (module fixture: one intra-op thread)
+
+COMMITTED = THRESHOLDS / "tiny" / "generation-contract.json"
+PREFLIGHT = THRESHOLDS / "tiny" / "generation-preflight-contract.json"
+VARIANTS = ["sdpa-math", "threads-1"]  # the CPU variant that changes the arithmetic, and one that does not
+
+
+class RoundsLatents(Candidate):
+    """Rounds the video latents to bf16 before the transformer sees them: another start than the provider's."""
+
+    name = "rounds-latents"
+
+    def install(self, transformer):
+        def round_latents(module, args, kwargs):
+            return args, {**kwargs, "hidden_states": kwargs["hidden_states"].bfloat16().float()}
+
+        return transformer.register_forward_pre_hook(round_latents, with_kwargs=True)
+
+
+class Noisy(Candidate):
+    """The provider plus noise of 1e-6 on the video output projection: a nondeterministic kernel."""
+
+    name = "noisy"
+
+    def install(self, transformer):
+        return transformer.proj_out.register_forward_hook(lambda module, args, out: out + 1e-6 * torch.randn_like(out))
+
+
+class Sourced(ProviderCandidate):
+    """The provider, identified by the digest of a source folder (as a kernel package is)."""
+
+    def __init__(self, root, name):
+        self.root, self.name = root, name
+
+    def identity(self):
+        return {"name": self.name, "source_sha256": source_digest(self.root)}
+
+
+def write_contract(folder, name="generation", source=COMMITTED, **changes):
+    data = {**json.loads(source.read_text()), **changes}
+    path = folder / f"{name}-contract.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+class Setup:
+    """A locked thresholds folder with a two-seed, three-call contract, frozen bounds and a run store."""
+
+    def __init__(self, root, tiny):
+        self.root, self.tiny = root, tiny
+        self.thresholds, self.out = root / "thresholds", root / "out"
+        path = write_contract(self.thresholds / "tiny", num_inference_steps=4, seeds=[42, 43])
+        bounds_mod.lock_files(self.thresholds, [path])
+        self.contract = generation_contract.load(path)
+        self.frozen = gate.freeze(tiny, self.contract, "cpu", self.thresholds, VARIANTS, out_dir=self.out)
+
+    def check(self, candidate, seed=42, record=True, **options):
+        if record:
+            gate.record_model_gate_outcome(self.out, self.tiny.identity, candidate.identity(), "model-bounds-sha256")
+        return gate.check(self.tiny, candidate, self.contract, self.frozen, "cpu", seed, self.out, **options)
+
+
+@pytest.fixture(scope="module")
+def setup(tiny, tmp_path_factory):
+    return Setup(tmp_path_factory.mktemp("generation-gate"), tiny)
+
+
+# The contract -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"workflow": "i2va"}, "unknown workflow 'i2va'"),
+        ({"seeds": []}, "seeds is empty"),
+        ({"seeds": [42, 43, 42]}, r"seeds lists \[42\] more than once"),
+        ({"seeds": [42, True]}, "seeds must be non-negative integers"),
+        ({"num_frames": 123}, r"num_frames 123 is outside 124\.\.345"),
+        ({"num_frames": 362}, r"num_frames 362 is outside 124\.\.345"),
+        ({"fps": 30}, "fps 30: MiniMax-H3 generates at 24 fps"),
+        ({"num_inference_steps": 1}, "num_inference_steps must be >= 2"),
+        ({"height": 0}, "'height' must be >= 1"),
+        ({"prompt": " "}, "prompt is empty"),
+        ({"gating_rule": "loose"}, "gating_rule 'loose' is not one of"),
+        ({"calibration_margin": -0.5}, "calibration_margin must be a finite number >= 0"),
+        ({"fixed_bounds": {"video_psnr_min_db": 30.0}}, "fixed_bounds must have exactly the keys"),
+        ({"reference_image_sha256": "0" * 64}, "fl2va starts from the pinned reference keyframe"),
+        ({"workflow": "t2va"}, "t2va generates from the prompt alone"),
+        ({"schema": "h3gate.generation-contract/0"}, "expected 'h3gate.generation-contract/1'"),
+        ({"steps": 8}, r"unknown fields \['steps'\]"),
+    ],
+)
+def test_a_bad_contract_field_is_named(tmp_path, changes, message):
+    with pytest.raises(FileFormatError, match=message):
+        generation_contract.load(write_contract(tmp_path, **changes))
+
+
+def test_a_contract_file_name_says_what_it_is(tmp_path):
+    path = tmp_path / "generation.json"
+    shutil.copy(COMMITTED, path)
+    with pytest.raises(FileFormatError, match="named <name>-contract.json"):
+        generation_contract.load(path)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"height": 48}, "height 48 is not a multiple of 32, the canvas multiple of this model"),
+        ({"num_frames": 125}, "num_frames 125 is not 17 n \\+ 5"),
+        ({"audio_sample_rate": 16000}, "audio_sample_rate 16000 differs from this model's audio VAE rate 160"),
+    ],
+)
+def test_a_canvas_the_model_cannot_make_is_refused(tmp_path, tiny, changes, message):
+    contract = generation_contract.load(write_contract(tmp_path, **changes))
+    components, _ = gate._components("tiny")
+    with pytest.raises(FileFormatError, match=message):
+        contract.check_pipeline(make_pipeline(components, tiny.transformer))
+
+
+def test_the_committed_contracts_load_and_lock(tmp_path):
+    main, preflight = generation_contract.load(COMMITTED), generation_contract.load(PREFLIGHT)
+    assert (main.name, main.seeds, main.num_frames, main.fps) == ("generation", (42, 43, 44), 124, 24)
+    assert main.fixed_bounds == {
+        "video_psnr_min_db": 30.0, "video_ssim_min": 0.99, "video_temporal_rmse": 0.01, "audio_relative_l2": 0.05
+    }
+    assert (preflight.name, preflight.seeds, preflight.transformer_calls) == ("generation-preflight", (42,), 1)
+    copies = [shutil.copy(path, tmp_path / path.name) for path in (COMMITTED, PREFLIGHT)]
+    bounds_mod.lock_files(tmp_path, copies)
+    bounds_mod.verify_lock(tmp_path)
+    write_contract(tmp_path, prompt="a dog on a drum")
+    with pytest.raises(bounds_mod.BoundsError, match="generation-contract.json does not match its digest"):
+        bounds_mod.verify_lock(tmp_path)
+
+
+# Freezing ---------------------------------------------------------------------------------------------
+
+
+def test_freezing_calibrates_from_the_variants_and_locks(setup):
+    frozen, margin = setup.frozen, setup.contract.calibration_margin
+    bounds_mod.verify_lock(setup.thresholds)
+    assert frozen.path == setup.thresholds / "tiny" / "cpu" / "generation-bounds.json"
+    assert frozen.duplicates_dropped == {"threads-1": "provider"} and frozen.providers == ["sdpa-math"]
+    errors = frozen.errors["sdpa-math"]
+
+    def worst(metric, pick):
+        return pick(errors[f"seed{seed}.{metric}"] for seed in (42, 43))
+
+    assert frozen.bounds["video_psnr_min_db"] == pytest.approx(worst("video_psnr_min_db", min) - 20 * math.log10(1 + margin))
+    assert frozen.bounds["video_ssim_min"] == pytest.approx(1 - (1 + margin) * (1 - worst("video_ssim_min", min)))
+    for metric in ("video_temporal_rmse", "audio_relative_l2"):
+        assert frozen.bounds[metric] == pytest.approx((1 + margin) * worst(metric, max))
+    assert 0 < frozen.bounds["audio_relative_l2"] < setup.contract.fixed_bounds["audio_relative_l2"]
+    loaded = gate.load_bounds(setup.thresholds, setup.tiny, setup.contract, "cpu")
+    assert loaded.bounds == frozen.bounds and loaded.non_discriminating == []
+    with pytest.raises(bounds_mod.BoundsError, match="exists: frozen bounds are not overwritten"):
+        gate.freeze(setup.tiny, setup.contract, "cpu", setup.thresholds, VARIANTS, out_dir=setup.out)
+
+
+def test_freezing_refuses_variants_that_change_nothing(setup, tmp_path):
+    with pytest.raises(bounds_mod.BoundsError, match=r"no variant of \['threads-1'\] changed the generation"):
+        gate.freeze(setup.tiny, setup.contract, "cpu", tmp_path, ["threads-1"], out_dir=setup.out)
+
+
+def test_bounds_of_another_contract_are_refused(setup, tmp_path):
+    other = generation_contract.load(write_contract(tmp_path / "tiny", num_inference_steps=4, seeds=[42, 43], prompt="a drum"))
+    with pytest.raises(bounds_mod.BoundsError, match="frozen for another contract"):
+        gate.check(setup.tiny, ProviderCandidate(), other, setup.frozen, "cpu", 42, setup.out, model_gate_override="test")
+
+
+# Checking ---------------------------------------------------------------------------------------------
+
+
+def test_the_provider_passes_both_rules_from_the_cached_provider_run(setup):
+    result = setup.check(ProviderCandidate())
+    assert result.passed, result.report()
+    assert [c.name for c in result.checks] == ["same_start", *gate.metrics.GATED]
+    assert all(c["passed"] for rule in result.metrics["rules"].values() for c in rule.values())
+    assert result.metrics["values"]["video_psnr_min_db"] == math.inf and result.metrics["values"]["audio_relative_l2"] == 0
+    context = result.context
+    assert context["provider"]["reused"], "freezing generated the provider's seed; the check reuses it"
+    assert context["noise_digests"]["provider"] == context["noise_digests"]["candidate"]
+    assert context["model_gate"]["status"] == "passed" and context["contract_sha256"] == setup.contract.digest
+    assert context["bounds_sha256"] == sha256_file(setup.frozen.path)
+    for artifacts in context["artifacts"].values():
+        assert {"generation.safetensors", "audio.wav"} <= set(artifacts)
+        assert all(sha256_file(a["path"]) == a["sha256"] for a in artifacts.values())
+
+
+def test_a_finished_seed_is_reused_on_rerun(setup):
+    first = setup.check(ProviderCandidate(), seed=43)
+    folder = first.context["candidate_run"]["run_folder"]
+    stamps = {p.name: p.stat().st_mtime_ns for p in sorted(Path(folder).glob("step-*"))}
+    second = setup.check(ProviderCandidate(), seed=43)
+    assert second.passed and second.context["candidate_run"]["reused"]
+    assert {p.name: p.stat().st_mtime_ns for p in sorted(Path(folder).glob("step-*"))} == stamps
+
+
+def test_a_broken_candidate_fails_naming_metric_bound_margin_and_seed(setup):
+    result = setup.check(AudioTakesTextModulation(), seed=43)
+    assert not result.passed
+    first_line = result.report().splitlines()[0]
+    found = re.search(
+        r"generation gate \[seed=43\] FAILED \d/5 checks; worst (\w+) ([\d.e+-]+) [<>] bound ([\d.e+-]+) "
+        r"\(margin -[\d.e+-]+; fixed rule; seed 43\)",
+        first_line,
+    )
+    assert found, first_line
+    assert found[1] in gate.metrics.GATED and float(found[2]) == pytest.approx(result.metrics["values"][found[1]], rel=1e-5)
+    assert not any(c["passed"] for c in result.metrics["rules"]["calibrated"].values()), "the calibrated rule fails too"
+
+
+def test_another_start_fails_before_the_candidate_computes(setup):
+    result = setup.check(RoundsLatents())
+    (check,) = result.checks
+    assert (check.name, check.passed) == ("same_start", False)
+    digests = result.context["noise_digests"]
+    assert digests["candidate"]["hidden_states"] != digests["provider"]["hidden_states"]
+    assert f"hidden_states: {digests['candidate']['hidden_states']} (this run) vs {digests['provider']['hidden_states']}" in check.detail["reason"]
+    assert digests["candidate"]["audio_hidden_states"] == digests["provider"]["audio_hidden_states"]
+    folder = gate.run_folder(setup.out, setup.tiny, setup.contract, "candidate-rounds-latents", 42)
+    assert not list(folder.glob("step-*")), "no candidate step was computed"
+
+
+def test_verify_last_step_catches_a_nondeterministic_candidate(setup):
+    assert setup.check(Noisy()).passed, "noise of 1e-6 is far inside the bounds"
+    result = setup.check(Noisy(), verify_last_step=True)
+    failed = result.failures[0]
+    assert (failed.name, result.passed) == ("determinism", False)
+    assert "step 3/3 (step-0002) recomputed differs" in failed.detail["reason"]
+    verified = setup.check(ProviderCandidate(), verify_last_step=True)
+    assert verified.passed and verified.context["candidate_run"]["verified_step"] == 2
+
+
+def test_the_model_gate_must_pass_first(setup):
+    candidate = Sourced(Path(resume.__file__).parent / "gates", "unrecorded")
+    with pytest.raises(gate.ModelGateNotPassed, match="run the model gate first"):
+        setup.check(candidate, record=False)
+    result = setup.check(candidate, record=False, model_gate_override="model gate ran on another machine")
+    assert result.passed and result.context["model_gate"] == {"status": "overridden", "reason": "model gate ran on another machine"}
+
+
+def test_a_changed_kernel_source_is_refused_with_the_difference(setup, tmp_path):
+    (tmp_path / "kernel.py").write_text("SCALE = 1.0\n")
+    candidate = Sourced(tmp_path, "edited")
+    assert setup.check(candidate).passed
+    (tmp_path / "kernel.py").write_text("SCALE = 1.01\n")
+    with pytest.raises(resume.IdentityMismatch, match=r"candidate\.source_sha256: '[0-9a-f]{64}' -> '[0-9a-f]{64}'"):
+        setup.check(candidate)
+
+
+def test_a_changed_contract_is_refused_with_the_difference(tiny, tmp_path):
+    path = write_contract(tmp_path / "thresholds", source=PREFLIGHT)
+    gate.run_generation(tiny, generation_contract.load(path), 42, "cpu", tmp_path / "out")
+    write_contract(tmp_path / "thresholds", source=PREFLIGHT, prompt="a cat on a gong")
+    with pytest.raises(resume.IdentityMismatch, match=r"contract\.sha256: '[0-9a-f]{64}' -> '[0-9a-f]{64}'"):
+        gate.run_generation(tiny, generation_contract.load(path), 42, "cpu", tmp_path / "out")
+
+
+def test_the_preflight_contract_qualifies_the_product_candidate(tiny, tmp_path):
+    """The whole flow on the committed preflight contract: freeze, then the provider and h3_triton (one transformer
+    call under Triton's interpreter, ~15 s) pass the gating rule."""
+    thresholds = tmp_path / "thresholds"
+    path = thresholds / "tiny" / PREFLIGHT.name
+    path.parent.mkdir(parents=True)
+    shutil.copy(PREFLIGHT, path)
+    bounds_mod.lock_files(thresholds, [path])
+    contract = generation_contract.load(path)
+    frozen = gate.freeze(tiny, contract, "cpu", thresholds, ["sdpa-math"], out_dir=tmp_path / "out")
+    assert frozen.path.name == "generation-preflight-bounds.json"
+    bounds_mod.verify_lock(thresholds)
+    for candidate in (ProviderCandidate(), candidates.load("h3_triton")):
+        gate.record_model_gate_outcome(tmp_path / "out", tiny.identity, candidate.identity(), "model-bounds-sha256")
+        result = gate.check(tiny, candidate, contract, frozen, "cpu", 42, tmp_path / "out")
+        assert result.passed, result.report()
+    assert 0 < result.metrics["values"]["audio_relative_l2"], "h3_triton's arithmetic is not the provider's"
