@@ -93,7 +93,7 @@ def run_kernel(item):
             session.candidate,
             item.params["op"],
             session.device,
-            max_examples=item.options.get("max_examples", 8),
+            max_examples=session.config.getoption("--h3-kernel-examples"),
             progress=bar.step,
         )
 

@@ -82,6 +82,12 @@ def pytest_addoption(parser):
         help="generation gate: run without a passed model gate for this candidate; REASON is recorded in the "
         "results and the evidence",
     )
+    group.addoption(
+        "--h3-kernel-examples",
+        type=int,
+        default=8,
+        help="kernel gate: shapes hypothesis draws per op and dtype (default: 8; failures are shrunk to a minimal shape)",
+    )
     group.addoption("--h3-model-seed", type=int, default=0, help="weight seed of an embedded model (default: 0)")
     group.addoption(
         "--h3-sign-key",

@@ -54,3 +54,12 @@ def test_variant_switches_apply_inside():
         assert torch.get_num_threads() == 1
     with numerics.activate(numerics.get("sdpa-math", "cpu")):
         assert _AttentionBackendRegistry._active_backend == "_native_math"
+
+
+def test_deterministic_restores_the_previous_setting():
+    assert not torch.are_deterministic_algorithms_enabled()
+    with pytest.raises(RuntimeError, match="boom"):
+        with numerics.deterministic():
+            assert torch.are_deterministic_algorithms_enabled()
+            raise RuntimeError("boom")
+    assert not torch.are_deterministic_algorithms_enabled()

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from h3gate.gates.kernel import OP_SPECS
+from h3gate import provider_ops
 
 RELEASE = dict(seq=38222, heads=56, head_dim=128, hidden=5376, ffn=14336, time_embed=2688, rotary=96, table_rows=9)
 SMALL = dict(seq=467, heads=4, head_dim=64, hidden=256, ffn=512, time_embed=128, rotary=48, table_rows=9)
@@ -209,7 +209,7 @@ def bench_ops(candidate, shape: str, device: str, ops=None, progress=print) -> l
             continue
         progress(case.label)
         inputs = case.make()
-        provider = OP_SPECS[case.op].torch_op
+        provider = provider_ops.OPS[case.op]
         variants = [None] + (list(SDPA_VARIANTS) if case.op == "attention" and device.startswith("cuda") else [])
         row = {"op": case.op, "label": case.label, "unit": "TFLOP/s" if case.unit == "flop" else "GB/s"}
         unit = case.unit
@@ -252,15 +252,12 @@ RELEASE_CONTRACT = dict(text_tokens=512, latent_frames=37, latent_height=48, lat
 def _transformer(shape: str, layers: int, device: str):
     """A transformer of ``shape`` with random weights at checkpoint precision, built directly on ``device``."""
     from h3gate.model import build_preset, keeps_fp32
-    from h3gate.presets import TRANSFORMER_CONFIGS
 
     if shape == "small":
-        config = dict(TRANSFORMER_CONFIGS["small"], num_layers=layers)
-        model = build_preset("small")
-        transformer = model.transformer
+        transformer = build_preset("small").transformer
         del transformer.transformer_blocks[layers:]
         transformer.register_to_config(num_layers=layers)
-        return transformer.to(device), config
+        return transformer.to(device), dict(transformer.config)
     from diffusers import MiniMaxH3Transformer3DModel
 
     config = dict(TRANSFORMER_SHAPES[shape], num_layers=layers, num_refiner_layers=2)
@@ -279,7 +276,7 @@ def _transformer(shape: str, layers: int, device: str):
     transformer.rope.inv_freq = 1.0 / (
         10000.0 ** (torch.arange(0, 2 * config["rope_freq_dim"], 2, device=device, dtype=torch.float32) / (2 * config["rope_freq_dim"]))
     )
-    return transformer.eval(), config
+    return transformer.eval(), dict(transformer.config)
 
 
 def _contract_inputs(shape: str, config: dict, device: str):
@@ -383,13 +380,18 @@ def machine() -> dict:
     return {k: facts[k] for k in ("python", "torch", "cuda", "driver", "triton", "diffusers", "gpus")}
 
 
-def run(candidate, shape: str, device: str, ops=None, block=True, step_layers: int | None = None, progress=print) -> dict:
+def run(candidate, shape: str, device: str, ops=None, block=True, step_layers: int | None = None, progress=print,
+        on_section=lambda report: None) -> dict:
+    """Every section in turn; ``on_section`` sees the report after each, so a later failure loses nothing."""
     report = {"shape": shape, "device": device, "machine": machine(), "ceilings": ceilings(device), "candidate": candidate.identity()}
     report["ops"] = bench_ops(candidate, shape, device, ops, progress)
+    on_section(report)
     if block:
         report["block"] = bench_block(candidate, shape, device, progress)
+        on_section(report)
     if step_layers:
         report["step"] = bench_step(candidate, shape, device, step_layers, progress)
+        on_section(report)
     return report
 
 

@@ -66,6 +66,11 @@ class ProviderCandidate(Candidate):
     def with_provider_groups(self, groups) -> "Candidate":
         return self
 
+    def kernel_ops(self) -> dict[str, Callable]:
+        from h3gate.provider_ops import OPS
+
+        return dict(OPS)
+
 
 def source_digest(*roots: Path) -> str:
     """sha256 over the relative paths and bytes of every ``.py`` file under ``roots``: a candidate's code identity."""

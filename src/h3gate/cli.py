@@ -167,7 +167,14 @@ def _bench(args) -> int:
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     shape = args.shape or ("release" if device.startswith("cuda") else "small")
-    report = bench.run(
+    command = "h3gate " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+
+    def save(report):
+        print(bench.table(report), flush=True)
+        if args.out:
+            write_atomic(args.out, dumps({**report, "command": command}))
+
+    bench.run(
         load(args.candidate),
         shape,
         device,
@@ -175,11 +182,8 @@ def _bench(args) -> int:
         block=not args.no_block,
         step_layers=args.step_layers or None,
         progress=lambda message: print(f"  timing {message}", file=sys.stderr, flush=True),
+        on_section=save,
     )
-    report["command"] = "h3gate " + " ".join(shlex.quote(a) for a in sys.argv[1:])
-    print(bench.table(report))
-    if args.out:
-        write_atomic(args.out, dumps(report))
     return 0
 
 

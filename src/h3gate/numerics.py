@@ -14,6 +14,7 @@ bitwise equal to the provider); the bounds module drops such duplicates and reco
 from __future__ import annotations
 
 import contextlib
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -140,6 +141,26 @@ def activate(mode: Mode):
     finally:
         for write, value in reversed(saved):
             write(value)
+
+
+@contextlib.contextmanager
+def deterministic():
+    """torch's deterministic algorithms for the body (warn-only: cuBLAS needs an environment variable set before
+    CUDA starts to be strictly deterministic), the previous setting restored afterwards, also on error.
+
+    Not a mode: on CUDA the provider's own backward scatters gradients with atomics (index_select's backward,
+    the AdaLN table gradients), so two provider runs differ in the last bits; checks that compare two runs
+    bitwise run both inside this.
+    """
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*deterministic.*")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
 def runner(mode: Mode, transformer: torch.nn.Module) -> Callable:

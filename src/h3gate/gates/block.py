@@ -238,7 +238,7 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
             detail = {"provider_relative_l2": provider_errors[tap]}
             checks.append(Check(tap, "relative_l2", value, frozen.bounds[tap], value <= frozen.bounds[tap], detail))
     with timed(timings, "attribution"):
-        attribution, consistency = attribute(model, block, captured, device, candidate, golden, provider, frozen, progress)
+        attribution, consistency = attribute(model, block, captured, device, candidate, golden, frozen, progress)
     checks += consistency
     with timed(timings, "ulp"):
         ulp = ulp_sweep(measured, provider, golden)
@@ -260,7 +260,7 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
     )
 
 
-def attribute(model, block, captured, device, candidate, golden, provider, frozen, progress):
+def attribute(model, block, captured, device, candidate, golden, frozen, progress):
     """Hybrid runs: per op group swapped back to the provider, the error table, and the group they point at."""
     try:
         hybrids = {group: candidate.with_provider_groups((group,)) for group in OP_GROUPS}
@@ -272,7 +272,9 @@ def attribute(model, block, captured, device, candidate, golden, provider, froze
         progress(f"hybrid {group}")
         tables[group] = _errors(candidate_replay(model, block, captured, device, hybrid), golden)
     progress("hybrid all groups")
-    all_provider = candidate_replay(model, block, captured, device, everything)
+    with numerics.deterministic():
+        provider = provider_replay(model, block, captured, device, numerics.PROVIDER)
+        all_provider = candidate_replay(model, block, captured, device, everything)
     differing = [name for name in provider if name not in all_provider or not torch.equal(all_provider[name], provider[name])]
     consistency = [
         Check(

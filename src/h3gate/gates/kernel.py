@@ -19,11 +19,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
-from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
+from h3gate import provider_ops
 from h3gate.verdict import Check, GateResult
 
 GATE = "kernel"
@@ -102,10 +101,6 @@ def _silu_linear_build(d, dtype, g):
     return {"args": args, "grads": ["temb", "weight", "bias"], "dtypes": {"temb": torch.float32}}
 
 
-def _silu_linear_torch(temb, weight, bias):
-    return F.linear(F.silu(temb).to(weight.dtype), weight, bias)
-
-
 def _table_dims(limits):
     # At least 8 channels: below that an RMSNorm's input gradient is pure rounding noise (its exact value
     # nearly vanishes), for torch and any kernel alike, and no real model is that narrow.
@@ -141,13 +136,6 @@ def _rms_build(d, dtype, g):
     return {"args": args, "grads": grads, "dtypes": {}}
 
 
-def _rms_torch(x, weight, eps, scale=None, shift=None, idx=None):
-    y = F.rms_norm(x, (x.shape[-1],), weight, eps)
-    if scale is None:
-        return y
-    return y * (1.0 + scale.index_select(0, idx)) + shift.index_select(0, idx)
-
-
 def _rope_dims(limits):
     return st.fixed_dictionaries(
         {
@@ -178,13 +166,6 @@ def _rope_build(d, dtype, g):
     return {"args": args, "grads": ["x", "weight"], "dtypes": {"cos": torch.float32, "sin": torch.float32}}
 
 
-def _rope_torch(x, weight, eps, cos=None, sin=None):
-    y = F.rms_norm(x, (x.shape[-1],), weight, eps)
-    if cos is None:
-        return y
-    return _apply_rotary_emb(y, cos, sin)
-
-
 def _attention_dims(limits):
     return st.fixed_dictionaries(
         {
@@ -204,22 +185,12 @@ def _attention_build(d, dtype, g):
     return {"args": args, "grads": ["q", "k", "v"], "dtypes": {}}
 
 
-def _attention_torch(q, k, v):
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    return out.transpose(1, 2)
-
-
 def _swiglu_dims(limits):
     return st.fixed_dictionaries({"rows": _rows(limits), "f": _width(limits), "batch": st.integers(1, 2)})
 
 
 def _swiglu_build(d, dtype, g):
     return {"args": {"h": _normal((d["batch"], d["rows"], 2 * d["f"]), g, 2.0)}, "grads": ["h"], "dtypes": {}}
-
-
-def _swiglu_torch(h):
-    a, gate = h.chunk(2, dim=-1)
-    return a * F.silu(gate)
 
 
 def _residual_build(d, dtype, g):
@@ -233,22 +204,16 @@ def _residual_build(d, dtype, g):
     return {"args": args, "grads": ["residual", "y"] + (["gate"] if d["modulated"] else []), "dtypes": {}}
 
 
-def _residual_torch(residual, y, gate=None, idx=None):
-    if gate is None:
-        return residual + y
-    return residual + gate.index_select(0, idx) * y
-
-
 OP_SPECS = {
     spec.name: spec
     for spec in (
-        OpSpec("linear", _linear_dims, _linear_build, lambda x, weight, bias=None: F.linear(x, weight, bias)),
-        OpSpec("silu_linear", _silu_linear_dims, _silu_linear_build, _silu_linear_torch),
-        OpSpec("rms_norm_modulate", _table_dims, _rms_build, _rms_torch),
-        OpSpec("qk_norm_rope", _rope_dims, _rope_build, _rope_torch),
-        OpSpec("attention", _attention_dims, _attention_build, _attention_torch),
-        OpSpec("swiglu", _swiglu_dims, _swiglu_build, _swiglu_torch),
-        OpSpec("gated_residual", _table_dims, _residual_build, _residual_torch),
+        OpSpec("linear", _linear_dims, _linear_build, provider_ops.linear),
+        OpSpec("silu_linear", _silu_linear_dims, _silu_linear_build, provider_ops.silu_linear),
+        OpSpec("rms_norm_modulate", _table_dims, _rms_build, provider_ops.rms_norm_modulate),
+        OpSpec("qk_norm_rope", _rope_dims, _rope_build, provider_ops.qk_norm_rope),
+        OpSpec("attention", _attention_dims, _attention_build, provider_ops.attention),
+        OpSpec("swiglu", _swiglu_dims, _swiglu_build, provider_ops.swiglu),
+        OpSpec("gated_residual", _table_dims, _residual_build, provider_ops.gated_residual),
     )
 }
 OPS = tuple(OP_SPECS)

@@ -1,0 +1,28 @@
+"""h3gate bench: every section runs and reports ratios; the release path builds on the meta device."""
+
+import torch
+
+from h3gate import bench
+from h3gate.candidates import ProviderCandidate
+
+
+def test_small_sections_report_ratios():
+    sections = []
+    report = bench.run(ProviderCandidate(), "small", "cpu", ops=["swiglu"], step_layers=1, progress=lambda m: None,
+                       on_section=lambda r: sections.append(sorted(r)))
+    assert [s for s in sections[-1] if s in ("ops", "block", "step")] == ["block", "ops", "step"]
+    (row,) = report["ops"]
+    assert row["op"] == "swiglu" and row["candidate_fwd_ms"] > 0 and row["ratio_fwd"] > 0
+    assert report["block"]["seq"] == 466 and report["step"]["layers"] == 1
+    assert "x = provider time / candidate time" in bench.table(report)
+
+
+def test_release_path_builds_on_meta(monkeypatch):
+    narrow = dict(bench.TRANSFORMER_SHAPES["release"], num_attention_heads=2, attention_head_dim=32, hidden_size=64,
+                  ffn_dim=128, text_dim=32, freq_dim=32, time_embed_hidden_dim=64, time_embed_dim=32, rope_freq_dim=4)
+    monkeypatch.setitem(bench.TRANSFORMER_SHAPES, "release", narrow)
+    monkeypatch.setattr(bench, "RELEASE_CONTRACT", dict(text_tokens=5, latent_frames=7, latent_height=4, latent_width=6, audio_latents=9))
+    transformer, config = bench._transformer("release", 1, "cpu")
+    hidden, temb, indices, rotary = bench._block_inputs(transformer, bench._contract_inputs("release", config, "cpu"))
+    assert hidden.shape == (1, 5 + 18 + 7 * 6, 64) and hidden.dtype == torch.bfloat16
+    assert transformer.proj_out.weight.dtype == torch.float32 and torch.isfinite(hidden).all()
