@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -10,12 +11,13 @@ from h3gate import environment, evidence
 
 
 def device_facts(device: str) -> dict:
-    """The device an item ran on: its name and PCI bus id on a GPU (to show each xdist worker had its own)."""
+    """The device an item ran on, and the xdist worker: a GPU's name and PCI bus id show each worker had its own."""
+    facts = {"device": device, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
     if not device.startswith("cuda"):
-        return {"device": device}
-    index = torch.device(device).index or 0
-    gpu = environment.gpus()[index]
-    return {"device": device, "name": gpu["name"], "pci_bus_id": gpu["pci_bus_id"], "uuid": gpu["uuid"]}
+        return facts
+    gpu = environment.gpus()[torch.device(device).index or 0]
+    return {**facts, "name": gpu["name"], "pci_bus_id": gpu["pci_bus_id"], "uuid": gpu["uuid"],
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 def _paths(value) -> set[Path]:
