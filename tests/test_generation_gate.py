@@ -222,12 +222,12 @@ def test_a_broken_candidate_fails_naming_metric_bound_margin_and_seed(setup):
     assert not result.passed
     first_line = result.report().splitlines()[0]
     found = re.search(
-        r"generation gate \[seed=43\] FAILED \d/5 checks; worst (\w+) ([\d.e+-]+) [<>] bound ([\d.e+-]+) "
-        r"\(margin -[\d.e+-]+; fixed rule; seed 43\)",
+        r"generation gate \[seed=43\] FAILED \d/5 checks; worst (\w+): fixed rule ([\d.e+-]+) [<>] bound ([\d.e+-]+) "
+        r"\(margin -[\d.e+-]+\); bounds sha256 [0-9a-f]{12}",
         first_line,
     )
     assert found, first_line
-    assert found[1] in gate.metrics.GATED and float(found[2]) == pytest.approx(result.metrics["values"][found[1]], rel=1e-5)
+    assert found[1] in gate.metrics.GATED and float(found[2]) == pytest.approx(result.metrics["values"][found[1]], rel=1e-3)
     assert not any(c["passed"] for c in result.metrics["rules"]["calibrated"].values()), "the calibrated rule fails too"
 
 
@@ -239,8 +239,8 @@ def test_another_start_fails_before_the_candidate_computes(setup):
     assert digests["candidate"]["hidden_states"] != digests["provider"]["hidden_states"]
     assert f"hidden_states: {digests['candidate']['hidden_states']} (this run) vs {digests['provider']['hidden_states']}" in check.detail["reason"]
     assert digests["candidate"]["audio_hidden_states"] == digests["provider"]["audio_hidden_states"]
-    folder = gate.run_folder(setup.out, setup.tiny, setup.contract, "candidate-rounds-latents", 42)
-    assert not list(folder.glob("step-*")), "no candidate step was computed"
+    folders = list((setup.out / "generation" / "tiny" / setup.contract.name).glob("candidate-rounds-latents-*/seed42"))
+    assert folders and not [step for folder in folders for step in folder.glob("step-*")], "no candidate step was computed"
 
 
 def test_verify_last_step_catches_a_nondeterministic_candidate(setup):
@@ -261,20 +261,32 @@ def test_the_model_gate_must_pass_first(setup):
     assert result.passed and result.context["model_gate"] == {"status": "overridden", "reason": "model gate ran on another machine"}
 
 
-def test_a_changed_kernel_source_is_refused_with_the_difference(setup, tmp_path):
+def _snapshot(folder):
+    return {path.name: path.read_bytes() for path in folder.iterdir() if path.name != resume.LOCK_FILE}
+
+
+def test_a_changed_kernel_source_is_a_new_run_never_mixed(setup, tmp_path):
     (tmp_path / "kernel.py").write_text("SCALE = 1.0\n")
     candidate = Sourced(tmp_path, "edited")
-    assert setup.check(candidate).passed
+    first = setup.check(candidate)
+    old = Path(first.context["candidate_run"]["run_folder"])
+    before = _snapshot(old)
     (tmp_path / "kernel.py").write_text("SCALE = 1.01\n")
-    with pytest.raises(resume.IdentityMismatch, match=r"candidate\.source_sha256: '[0-9a-f]{64}' -> '[0-9a-f]{64}'"):
-        setup.check(candidate)
+    second = setup.check(candidate)
+    new = Path(second.context["candidate_run"]["run_folder"])
+    assert new != old and _snapshot(old) == before, "the old run stays, untouched"
+    saved = json.loads((old / resume.IDENTITY_FILE).read_text())["candidate"]["source_sha256"]
+    assert saved != json.loads((new / resume.IDENTITY_FILE).read_text())["candidate"]["source_sha256"]
 
 
-def test_a_changed_contract_is_refused_with_the_difference(tiny, tmp_path):
+def test_a_run_folder_of_another_identity_is_refused_with_the_difference(tiny, tmp_path):
     path = write_contract(tmp_path / "thresholds", source=PREFLIGHT)
-    gate.run_generation(tiny, generation_contract.load(path), 42, "cpu", tmp_path / "out")
-    write_contract(tmp_path / "thresholds", source=PREFLIGHT, prompt="a cat on a gong")
-    with pytest.raises(resume.IdentityMismatch, match=r"contract\.sha256: '[0-9a-f]{64}' -> '[0-9a-f]{64}'"):
+    generation = gate.run_generation(tiny, generation_contract.load(path), 42, "cpu", tmp_path / "out")
+    record = generation.folder / resume.IDENTITY_FILE
+    identity = json.loads(record.read_text())
+    identity["contract"]["sha256"] = "0" * 64  # a folder moved or edited by hand
+    record.write_text(json.dumps(identity))
+    with pytest.raises(resume.IdentityMismatch, match=r"contract\.sha256: '0{64}' -> '[0-9a-f]{64}'"):
         gate.run_generation(tiny, generation_contract.load(path), 42, "cpu", tmp_path / "out")
 
 

@@ -17,7 +17,7 @@ from filelock import FileLock
 
 from h3gate import generation_contract, resume
 from h3gate.files import FileFormatError
-from h3gate.gates.generation import run_folder, run_generation
+from h3gate.gates.generation import run_generation
 
 from conftest import THRESHOLDS
 
@@ -70,6 +70,11 @@ def toy_run(folder, module, identity=IDENTITY, seed=0, schedule=None, **options)
 
 def sidecars(folder):
     return sorted(folder.glob("step-*.json"))
+
+
+def same_place(uninterrupted, root):
+    """Where a run of the uninterrupted run's identity lands under ``root`` (folders are keyed by identity)."""
+    return root.joinpath(*uninterrupted.parts[-5:])
 
 
 def files(folder):
@@ -260,7 +265,7 @@ def wait_for(condition, process, timeout=180.0):
 
 def test_sigkill_at_random_points_then_resume_is_byte_identical(contract, uninterrupted, tiny, tmp_path):
     rng = random.Random(20261130)
-    folder = run_folder(tmp_path, tiny, contract, "provider", 42)
+    folder = same_place(uninterrupted, tmp_path)
     saved_at_kill = []
     for attempt in range(3):  # aim at least 8 calls before the end: this process may get the CPU late
         saved = len(sidecars(folder))
@@ -278,7 +283,7 @@ def test_sigkill_at_random_points_then_resume_is_byte_identical(contract, uninte
 
 
 def test_sigterm_preempts_with_a_resumable_folder(contract, uninterrupted, tiny, tmp_path):
-    folder = run_folder(tmp_path, tiny, contract, "provider", 42)
+    folder = same_place(uninterrupted, tmp_path)
     process = start_worker(contract, tmp_path, tmp_path / "worker")
     wait_for(lambda: len(sidecars(folder)) >= 3, process)
     process.send_signal(signal.SIGTERM)
@@ -297,4 +302,4 @@ def test_two_processes_on_one_seed(contract, uninterrupted, tiny, tmp_path):
     outcomes = sorted((tmp_path / f"worker{i}.out").read_text().strip() for i in range(2))
     assert codes == [0, 0], [(tmp_path / f"worker{i}.err").read_text()[-2000:] for i in range(2)]
     assert outcomes == ["generated", "reused"], "one generates while the other waits, then reuses"
-    assert files(run_folder(tmp_path, tiny, contract, "provider", 42)) == files(uninterrupted)
+    assert files(same_place(uninterrupted, tmp_path)) == files(uninterrupted)

@@ -122,7 +122,15 @@ PROFILES = {
             *(Requirement("generation", {"seed": seed}) for seed in (42, 43, 44)),
         ),
     ),
-    "ci": Profile("ci", (Requirement("kernel"), Requirement("block"), Requirement("model"))),
+    "ci": Profile(
+        "ci",
+        (
+            Requirement("kernel"),
+            Requirement("block"),
+            Requirement("model"),
+            *(Requirement("generation", {"seed": seed}) for seed in (42, 43, 44)),
+        ),
+    ),
 }
 
 

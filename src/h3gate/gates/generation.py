@@ -25,7 +25,7 @@ earlier variant's) bitwise adds nothing and is dropped, as recorded; when no var
 freezing is refused, since the rule would then demand bitwise equality. The bounds file is written and locked
 with :mod:`h3gate.bounds` (``thresholds/<model>/<device class>/<contract name>-bounds.json``).
 
-Run store: ``out_dir/generation/<model>/<contract name>/<role>/seed<k>/``, role ``provider``,
+Run store: ``out_dir/generation/<model>/<contract name>/<role>-<identity digest>/seed<k>/``, role ``provider``,
 ``variant-<mode>`` or ``candidate-<name>``; each run's identity holds the model identity, components digest,
 contract digest, candidate identity (name, source digest), numerics mode and switches, device class and the
 torch / triton / diffusers versions. A run of another identity in that folder is refused, never replaced.
@@ -223,8 +223,11 @@ def _quiet(blocks) -> None:
         _quiet(block)
 
 
-def run_folder(out_dir, model: Model, contract: GenerationContract, role: str, seed: int) -> Path:
-    return Path(out_dir) / GATE / model.name / contract.name / role / f"seed{seed}"
+def run_folder(out_dir, model: Model, contract: GenerationContract, role: str, seed: int, identity: dict) -> Path:
+    """One folder per (identity, seed): a changed kernel, contract or library starts a new run beside the old
+    one, which stays untouched; the identity's digest in the name keeps them apart."""
+    digest = sha256_bytes(json.dumps(identity, sort_keys=True).encode())[:12]
+    return Path(out_dir) / GATE / model.name / contract.name / f"{role}-{digest}" / f"seed{seed}"
 
 
 def _role(mode: numerics.Mode, candidate: Candidate | None) -> str:
@@ -299,9 +302,9 @@ def run_generation(
     _quiet(pipe._blocks)  # the running blocks: the public ``blocks`` is a copy
     contract.check_pipeline(pipe)
     image = load_reference_image() if contract.workflow == "fl2va" else None
-    folder = run_folder(out_dir, model, contract, role, seed)
     with numerics.activate(mode):
         identity = _identity(role, seed, model, components_digest, contract, candidate, mode, device)
+        folder = run_folder(out_dir, model, contract, role, seed, identity)
         with resume.Run(
             folder,
             identity,

@@ -1,0 +1,241 @@
+"""The mutant catalogue: realistic broken variants of a candidate's kernels, one small bug each.
+
+A gate that cannot fail is worthless: every gate must be shown to reject the bugs it exists for. Each mutant
+wraps one standalone op of a base candidate (``h3_triton`` by default, any program-based candidate works) so
+that it computes exactly what the buggy kernel would — a dropped key tile *is* attention over fewer keys, RoPE
+on the wrong half *is* RoPE on permuted channels — and the rest of the candidate stays as it is. They are
+candidates in their own right (``--h3-candidate mutant:<name>``); each docstring names the gates meant to
+catch it, which :mod:`h3gate.power` checks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from h3gate.candidates import Candidate, CandidateError, load
+
+KEY_TILE = 64  # the key tile of a flash kernel on the GPU (BLOCK_N); the row tile of a GEMM's reduction
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    op: str  # the standalone op it breaks
+    caught_by: tuple[str, ...]  # the gates meant to catch it
+    wrap: Callable[[Callable], Callable]  # the base op -> the broken op
+
+    @property
+    def description(self) -> str:
+        return (self.wrap.__doc__ or "").strip().splitlines()[0]
+
+
+class _EditGradient(torch.autograd.Function):
+    """Identity forward; the backward passes the gradient through ``edit``."""
+
+    @staticmethod
+    def forward(ctx, x, edit):
+        ctx.edit = edit
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.edit(grad), None
+
+
+def dropped_key_tile(attention):
+    """Attention that forgets the last partial key tile (a masking bug of flash kernels)."""
+
+    def broken(q, k, v):
+        keep = k.shape[1] - k.shape[1] % KEY_TILE
+        if keep == k.shape[1]:
+            return attention(q, k, v)
+        if keep == 0:  # no full tile at all: the kernel's normalisation divides 0 by 0
+            return q * float("nan")
+        return attention(q, k[:, :keep], v[:, :keep])
+
+    return broken
+
+
+def softmax_scale(attention):
+    """Softmax scale 1/sqrt(d+1) instead of 1/sqrt(d)."""
+
+    def broken(q, k, v):
+        d = q.shape[-1]
+        return attention(q * (d / (d + 1)) ** 0.5, k, v)
+
+    return broken
+
+
+def rope_wrong_half(qk_norm_rope):
+    """RoPE rotating the trailing channels of each head instead of the leading ones."""
+
+    def broken(x, weight, eps, cos=None, sin=None):
+        if cos is None:
+            return qk_norm_rope(x, weight, eps, cos, sin)
+        rotary = cos.shape[-1]
+        order = torch.cat([torch.arange(x.shape[-1] - rotary, x.shape[-1]), torch.arange(0, x.shape[-1] - rotary)]).to(x.device)
+        back = torch.argsort(order)
+        return qk_norm_rope(x[..., order], weight[order], eps, cos, sin)[..., back]
+
+    return broken
+
+
+def rope_axes_swapped(qk_norm_rope):
+    """RoPE with the t and h axes of the 3-axis frequency layout swapped."""
+
+    def broken(x, weight, eps, cos=None, sin=None):
+        if cos is None:
+            return qk_norm_rope(x, weight, eps, cos, sin)
+        third = cos.shape[-1] // 6
+        order = torch.arange(cos.shape[-1]).view(2, 3, third)[:, [1, 0, 2]].reshape(-1).to(cos.device)
+        return qk_norm_rope(x, weight, eps, cos[:, order], sin[:, order])
+
+    return broken
+
+
+def qk_norm_eps(qk_norm_rope):
+    """QK-norm with eps 1e4 times too large (read from the wrong config field)."""
+
+    def broken(x, weight, eps, cos=None, sin=None):
+        return qk_norm_rope(x, weight, eps * 1e4, cos, sin)
+
+    return broken
+
+
+def rms_eps_missing(rms_norm_modulate):
+    """RMSNorm without its eps (visible where a row's mean square is near eps)."""
+
+    def broken(x, weight, eps, scale=None, shift=None, idx=None):
+        return rms_norm_modulate(x, weight, 0.0, scale, shift, idx)
+
+    return broken
+
+
+def wrong_modality_row(rms_norm_modulate):
+    """Audio rows modulated with the neighbouring modality's (text's) AdaLN row."""
+
+    def broken(x, weight, eps, scale=None, shift=None, idx=None):
+        if idx is not None:
+            idx = torch.where(idx % 3 == 2, idx - 1, idx)
+        return rms_norm_modulate(x, weight, eps, scale, shift, idx)
+
+    return broken
+
+
+def norm_weight_grad_zeroed(rms_norm_modulate):
+    """RMSNorm whose weight gradient is never written (zero)."""
+
+    def broken(x, weight, eps, scale=None, shift=None, idx=None):
+        return rms_norm_modulate(x, _EditGradient.apply(weight, torch.zeros_like), eps, scale, shift, idx)
+
+    return broken
+
+
+def gate_on_residual(gated_residual):
+    """The AdaLN gate applied to the residual instead of the branch."""
+
+    def broken(residual, y, gate=None, idx=None):
+        return gated_residual(y, residual, gate, idx)
+
+    return broken
+
+
+def nondeterministic_table_grad(gated_residual):
+    """A gate-table gradient reduced in a run-dependent order (here: a random last-bit perturbation)."""
+
+    def jitter(grad):
+        noise = torch.randint(-1, 2, grad.shape, device=grad.device).to(grad.dtype)
+        return grad + noise * grad.abs() * torch.finfo(grad.dtype).eps
+
+    def broken(residual, y, gate=None, idx=None):
+        if gate is not None:
+            gate = _EditGradient.apply(gate, jitter)
+        return gated_residual(residual, y, gate, idx)
+
+    return broken
+
+
+def swiglu_halves_swapped(swiglu):
+    """SwiGLU gating the wrong half: silu(value) * gate."""
+
+    def broken(h):
+        a, g = h.chunk(2, dim=-1)
+        return swiglu(torch.cat([g, a], dim=-1))
+
+    return broken
+
+
+def gemm_bf16_accumulate(linear):
+    """A GEMM whose running sum over K is kept in the output dtype (bf16) between K tiles of 64."""
+
+    def broken(x, weight, bias=None):
+        total = None
+        for start in range(0, x.shape[-1], KEY_TILE):
+            part = linear(x[..., start : start + KEY_TILE], weight[:, start : start + KEY_TILE])
+            total = part if total is None else (total + part).to(part.dtype)
+        return total if bias is None else (total + bias).to(total.dtype)
+
+    return broken
+
+
+def weight_grad_missing_tile(linear):
+    """A GEMM whose weight gradient misses the last row tile of its reduction."""
+
+    def broken(x, weight, bias=None):
+        rows = x.reshape(-1, x.shape[-1])
+        cut = rows.shape[0] - (rows.shape[0] % KEY_TILE or min(KEY_TILE, rows.shape[0]))  # the last tile goes
+        head = linear(rows[:cut], weight, bias)
+        tail = linear(rows[cut:], weight.detach(), bias)
+        return torch.cat([head, tail]).view(*x.shape[:-1], weight.shape[0])
+
+    return broken
+
+
+MUTANTS = {
+    m.name: m
+    for m in (
+        Mutant("dropped-key-tile", "attention", ("kernel", "block", "model", "generation"), dropped_key_tile),
+        Mutant("softmax-scale", "attention", ("kernel", "block", "model"), softmax_scale),
+        Mutant("rope-wrong-half", "qk_norm_rope", ("kernel", "block", "model"), rope_wrong_half),
+        Mutant("rope-axes-swapped", "qk_norm_rope", ("kernel", "block", "model"), rope_axes_swapped),
+        Mutant("qk-norm-eps", "qk_norm_rope", ("kernel",), qk_norm_eps),
+        Mutant("rms-eps-missing", "rms_norm_modulate", ("kernel",), rms_eps_missing),
+        Mutant("wrong-modality-row", "rms_norm_modulate", ("kernel", "block", "model", "generation"), wrong_modality_row),
+        Mutant("norm-weight-grad-zeroed", "rms_norm_modulate", ("kernel", "block", "model"), norm_weight_grad_zeroed),
+        Mutant("gate-on-residual", "gated_residual", ("kernel", "block", "model"), gate_on_residual),
+        Mutant("nondeterministic-table-grad", "gated_residual", ("kernel",), nondeterministic_table_grad),
+        Mutant("swiglu-halves-swapped", "swiglu", ("kernel", "block", "model"), swiglu_halves_swapped),
+        Mutant("gemm-bf16-accumulate", "linear", ("kernel",), gemm_bf16_accumulate),
+        Mutant("weight-grad-missing-tile", "linear", ("kernel", "block", "model"), weight_grad_missing_tile),
+    )
+}
+
+
+class MutantCandidate(Candidate):
+    """``mutant:<name>``: the base candidate with one op replaced by its mutant."""
+
+    def __init__(self, variant: str, base: str = "h3_triton"):
+        if variant not in MUTANTS:
+            raise CandidateError(f"unknown mutant {variant!r}; mutants: {', '.join(MUTANTS)}")
+        self.mutant = MUTANTS[variant]
+        self.base = load(base) if isinstance(base, str) else base
+        original = self.base.kernel_ops()
+        if self.mutant.op not in original:
+            raise CandidateError(f"base candidate {self.base.name} has no standalone {self.mutant.op} to mutate")
+        self.inner = self.base.with_kernel_ops({self.mutant.op: self.mutant.wrap(original[self.mutant.op])})
+        self.name = f"mutant:{variant}"
+
+    def identity(self) -> dict:
+        return {**self.inner.identity(), "name": self.name, "mutant": self.mutant.name, "base": self.base.name}
+
+    def install(self, transformer):
+        return self.inner.install(transformer)
+
+    def with_provider_groups(self, groups) -> Candidate:
+        return self.inner.with_provider_groups(groups)
+
+    def kernel_ops(self) -> dict:
+        return self.inner.kernel_ops()
