@@ -132,6 +132,27 @@ def run_generation(item):
     )
 
 
-RUNNERS = {"kernel": run_kernel, "block": run_block, "model": run_model, "generation": run_generation}
+def run_power(item):
+    """Every gate against every mutant and provider variant (see h3gate.power); the mutants' base is the session's
+    candidate on a GPU and the provider's ops on CPU, where the interpreter makes h3_triton gate runs slow."""
+    session = item.session
+    if session.freezing:
+        pytest.skip("the power measurement freezes nothing: it uses the bounds the other gates froze")
+    from h3gate import power
+    from h3gate.candidates import ProviderCandidate
+
+    base = session.candidate if session.device.startswith("cuda") else ProviderCandidate()
+    with item.progress(None) as bar:
+        report = power.run(session.model, session.device, session.thresholds, session.out / "power", base, progress=bar.step)
+    return power.as_result(report, base)
+
+
+RUNNERS = {
+    "kernel": run_kernel,
+    "block": run_block,
+    "model": run_model,
+    "generation": run_generation,
+    "power": run_power,
+}
 # Cheap before expensive: the order gate items run in (a generation waits for the model gate's verdict).
-ORDER = ("kernel", "block", "model", "generation")
+ORDER = ("kernel", "block", "model", "generation", "power")

@@ -18,7 +18,7 @@ from pytest_h3.ledger import gate_of
 from pytest_h3.session import H3Session, SESSION_KEY
 
 MARKER_HELP = (
-    "h3_gate(kind, **params): a qualification gate of kind kernel, block, model or generation; list params "
+    "h3_gate(kind, **params): a qualification gate of kind kernel, block, model, generation or power; list params "
     "(seeds=[...], blocks=[...], ops=[...]) become one test item per value"
 )
 # List params of the h3_gate marker: the name each item's value takes, and the prefix of its test id.

@@ -125,6 +125,30 @@ PROVIDER_OPS = Ops(
     gated_residual=_provider_gated_residual,
 )
 
+def _eps(module, x):
+    return module.eps if module.eps is not None else torch.finfo(x.dtype).eps
+
+
+def ops_from_kernels(kernels: dict) -> Ops:
+    """The op table over standalone tensor functions (the signatures of :mod:`h3gate.provider_ops`)."""
+
+    def qk_norm_rope(module, x, rotary_emb):
+        cos, sin = rotary_emb if rotary_emb is not None else (None, None)
+        return kernels["qk_norm_rope"](x, module.weight, _eps(module, x), cos, sin)
+
+    return Ops(
+        linear=lambda module, x: kernels["linear"](x, module.weight, module.bias),
+        modulation=lambda module, temb: kernels["silu_linear"](temb, module.linear.weight, module.linear.bias),
+        norm_modulate=lambda module, x, scale, shift, idx: kernels["rms_norm_modulate"](
+            x, module.weight, _eps(module, x), scale, shift, idx
+        ),
+        qk_norm_rope=qk_norm_rope,
+        attention=lambda processor, q, k, v: kernels["attention"](q, k, v),
+        swiglu=kernels["swiglu"],
+        gated_residual=kernels["gated_residual"],
+    )
+
+
 # Where the program reports its named intermediate results: a callable (module, name, tensor) or None.
 TAP_POINT: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("h3gate_tap_point", default=None)
 

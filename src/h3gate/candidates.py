@@ -9,6 +9,7 @@ changes nothing: qualifying it is the self-check of the whole tool chain.
 from __future__ import annotations
 
 import contextlib
+import copy
 import hashlib
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -39,6 +40,10 @@ class Candidate:
         """This candidate with the op groups ``groups`` run as the provider's ops (for attribution hybrids)."""
         raise CandidateError(f"candidate {self.name} cannot run op groups as the provider (no hybrids)")
 
+    def with_kernel_ops(self, overrides: dict) -> "Candidate":
+        """This candidate with some standalone ops replaced (how mutants are made)."""
+        raise CandidateError(f"candidate {self.name} does not run through standalone ops that could be replaced")
+
     def kernel_ops(self) -> dict[str, Callable]:
         """The candidate's standalone ops for the kernel gate (name -> function); none by default."""
         return {}
@@ -50,6 +55,45 @@ class Candidate:
             yield transformer
         finally:
             handle.remove()
+
+
+class ProgramCandidate(Candidate):
+    """A candidate that is the block program over a table of standalone ops (``kernels``), with any op groups
+    run as the provider's instead (``provider_groups``)."""
+
+    def __init__(self, kernels: dict, provider_groups=(), name: str | None = None):
+        from h3gate.block_program import OP_GROUPS, PROVIDER_OPS, ops_from_kernels
+
+        unknown = sorted(set(provider_groups) - set(OP_GROUPS))
+        if unknown:
+            raise CandidateError(f"{name or self.name}: unknown op group(s) {unknown}; groups: {'+'.join(OP_GROUPS)}")
+        self.kernels = dict(kernels)
+        self.provider_groups = tuple(group for group in OP_GROUPS if group in provider_groups)
+        self.ops = ops_from_kernels(self.kernels).mixed(PROVIDER_OPS, self.provider_groups)
+        if name is not None:
+            self.name = name
+
+    def identity(self) -> dict:
+        return {"name": self.name, "provider_groups": list(self.provider_groups)}
+
+    def install(self, transformer):
+        from h3gate.block_program import Installation
+
+        return Installation(transformer, self.ops)
+
+    def _derived(self, kernels: dict, provider_groups) -> "ProgramCandidate":
+        derived = copy.copy(self)
+        ProgramCandidate.__init__(derived, kernels, provider_groups, self.name)
+        return derived
+
+    def with_provider_groups(self, groups) -> "ProgramCandidate":
+        return self._derived(self.kernels, set(self.provider_groups) | set(groups))
+
+    def with_kernel_ops(self, overrides: dict) -> "ProgramCandidate":
+        return self._derived({**self.kernels, **overrides}, self.provider_groups)
+
+    def kernel_ops(self) -> dict[str, Callable]:
+        return dict(self.kernels)
 
 
 class ProviderCandidate(Candidate):
@@ -70,6 +114,9 @@ class ProviderCandidate(Candidate):
         from h3gate.provider_ops import OPS
 
         return dict(OPS)
+
+    def with_kernel_ops(self, overrides: dict) -> Candidate:
+        return ProgramCandidate({**self.kernel_ops(), **overrides}, name="provider-ops")
 
 
 def source_digest(*roots: Path) -> str:
@@ -101,13 +148,16 @@ def available() -> dict[str, Callable[..., Candidate]]:
 
 
 def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """``name`` or ``name:key=value,key=value`` -> (name, options)."""
+    """``name``, ``name:key=value,key=value`` or ``name:variant`` -> (name, options); a bare value is the
+    ``variant`` option (``mutant:dropped-key-tile``)."""
     name, _, rest = spec.partition(":")
     options = {}
     for item in filter(None, rest.split(",")):
         key, equals, value = item.partition("=")
-        if not equals or not key:
-            raise CandidateError(f"candidate option {item!r} in {spec!r} is not key=value")
+        if not equals:
+            key, value = "variant", item
+        if not key or key in options:
+            raise CandidateError(f"candidate option {item!r} in {spec!r} is not key=value (or a repeated key)")
         options[key] = value
     return name, options
 

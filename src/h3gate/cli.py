@@ -187,6 +187,37 @@ def _bench(args) -> int:
     return 0
 
 
+def _power(args) -> int:
+    import torch
+
+    from h3gate import power
+    from h3gate.candidates import load
+    from h3gate.files import dumps, write_atomic
+    from h3gate.model import load_model
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    base = load(args.base or ("h3_triton" if device.startswith("cuda") else "provider"))
+    report = power.run(
+        load_model(args.model),
+        device,
+        Path(args.thresholds),
+        Path(args.out),
+        base,
+        mutants=args.mutants.split(",") if args.mutants else tuple(power.MUTANTS),
+        variants=args.variants.split(",") if args.variants else None,
+        gates=tuple(args.gates.split(",")),
+        progress=lambda message: print(f"  {message}", file=sys.stderr, flush=True),
+    )
+    print(f"mutants of {base.name}; gates meant for each mutant must catch it, variants must pass everywhere")
+    print(report.table())
+    print(f"non-discriminating model-gate taps (no mutant exceeded them): {', '.join(report.non_discriminating) or 'none'}")
+    for row in report.failures:
+        print(f"FAILED {row.subject} x {row.gate}: {row.verdict}: {row.line}")
+    if args.json:
+        write_atomic(args.json, dumps(report.to_json()))
+    return 0 if report.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="h3gate",
@@ -232,6 +263,29 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--step-layers", type=int, default=0, help="also time one transformer forward with this many blocks (release: 50)")
     bench.add_argument("-o", "--out", default=None, help="write the JSON report here (e.g. benchmarks/results/h200.json)")
     bench.set_defaults(run=_bench)
+
+    power = commands.add_parser(
+        "power",
+        help="run every gate against every mutant and every provider variant: the table of what each gate catches",
+        description="Mutants (h3gate.mutants) must be caught by the gates meant for them, provider variants must be "
+        "accepted everywhere; model-gate taps no mutant exceeded are listed as non-discriminating. Needs the "
+        "model's frozen model, block and generation-preflight bounds for the device.",
+    )
+    power.add_argument("--model", default="tiny", help="tiny (default), small or a checkpoint folder")
+    power.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
+    power.add_argument(
+        "--base",
+        default=None,
+        help="candidate the mutants are made from (default: h3_triton on a GPU; provider on CPU, where Triton's "
+        "interpreter makes each h3_triton gate run take minutes - the bugs are emulated identically around either)",
+    )
+    power.add_argument("--gates", default=",".join(("kernel", "block", "model", "generation")), help="comma-separated gates")
+    power.add_argument("--mutants", default=None, help="comma-separated mutants (default: all)")
+    power.add_argument("--variants", default=None, help="comma-separated provider variants (default: all of the device)")
+    power.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")
+    power.add_argument("--out", default="h3-out/power", help="working folder for captures and generations")
+    power.add_argument("-o", "--json", default=None, help="write the report as JSON here")
+    power.set_defaults(run=_power)
 
     keygen = commands.add_parser("keygen", help="create an Ed25519 key pair for signing evidence")
     keygen.add_argument("out_dir", metavar="OUT_DIR", help="folder for h3gate-signing-key.pem (0600) and .pub.pem")

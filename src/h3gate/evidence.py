@@ -129,6 +129,7 @@ PROFILES = {
             Requirement("block"),
             Requirement("model"),
             *(Requirement("generation", {"seed": seed}) for seed in (42, 43, 44)),
+            Requirement("power"),
         ),
     ),
 }

@@ -2,12 +2,13 @@
 standalone ops (:meth:`h3gate.candidates.Candidate.kernel_ops`).
 
 These are diffusers' formulas op by op (RMSNorm through ``F.rms_norm`` as ``nn.RMSNorm`` does, RoPE through
-diffusers' own ``_apply_rotary_emb``, SDPA on the head-major transposes): the kernel gate runs them at low
+diffusers' own ``_apply_rotary_emb``, SDPA through diffusers' attention dispatch): the kernel gate runs them at low
 precision and in float64 as the reference, the benchmark times them as the provider, and the ``provider``
 candidate offers them as its kernels.
 """
 
 import torch.nn.functional as F
+from diffusers.models.attention_dispatch import dispatch_attention_fn
 from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
 
 
@@ -34,8 +35,8 @@ def qk_norm_rope(x, weight, eps, cos=None, sin=None):
 
 
 def attention(q, k, v):
-    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-    return out.transpose(1, 2)
+    # diffusers' own dispatch, so the active attention backend (a provider variant) applies as in the model
+    return dispatch_attention_fn(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False)
 
 
 def swiglu(h):

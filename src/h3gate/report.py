@@ -204,6 +204,9 @@ def gate_section(nodeid: str, test: dict, plots: Path, link: str) -> list[str]:
             "",
             "</details>",
         ]
+    if result["metrics"].get("power_table"):
+        lines += ["", "Power (subject x gate; **bold**: a gate meant to catch a mutant missed it, or a variant was rejected):",
+                  "", result["metrics"]["power_table"]]
     non_discriminating = result["context"].get("non_discriminating") or []
     if non_discriminating:
         lines += ["", f"Non-discriminating bounds (>= 1): {', '.join(f'`{t}`' for t in non_discriminating)}"]

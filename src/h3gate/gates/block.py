@@ -203,8 +203,9 @@ def freeze(model, contract, device, block, thresholds, out_dir, variant_names=No
     return frozen
 
 
-def check(model, candidate, contract, frozen, device, block, out_dir, progress=lambda m: None) -> GateResult:
-    """The candidate's block against frozen bounds, with attribution, self-consistency and the ULP sweep."""
+def check(model, candidate, contract, frozen, device, block, out_dir, progress=lambda m: None, diagnostics=True) -> GateResult:
+    """The candidate's block against frozen bounds, with attribution, self-consistency and the ULP sweep
+    (``diagnostics=False`` leaves those three out: the verdict alone, as the power report needs it)."""
     timings: dict[str, float] = {}
     progress("capture")
     with timed(timings, "capture"):
@@ -237,12 +238,14 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
         if tap in frozen.bounds:
             detail = {"provider_relative_l2": provider_errors[tap]}
             checks.append(Check(tap, "relative_l2", value, frozen.bounds[tap], value <= frozen.bounds[tap], detail))
-    with timed(timings, "attribution"):
-        attribution, consistency = attribute(model, block, captured, device, candidate, golden, frozen, progress)
-    checks += consistency
-    with timed(timings, "ulp"):
-        ulp = ulp_sweep(measured, provider, golden)
-        artifacts = write_ulp_artifacts(ulp, Path(out_dir) / "block" / f"{model.name}-block{block}")
+    attribution, ulp, artifacts = {}, {}, {}
+    if diagnostics:
+        with timed(timings, "attribution"):
+            attribution, consistency = attribute(model, block, captured, device, candidate, golden, frozen, progress)
+        checks += consistency
+        with timed(timings, "ulp"):
+            ulp = ulp_sweep(measured, provider, golden)
+            artifacts = write_ulp_artifacts(ulp, Path(out_dir) / "block" / f"{model.name}-block{block}")
     return GateResult(
         gate=GATE,
         params={"block": block},

@@ -1,0 +1,231 @@
+"""Gate power: every gate run against every mutant and against every provider variant presented as a candidate.
+
+A gate earns trust by rejecting what it exists to reject and accepting what it must accept. The report is a
+table subject x gate -> caught / missed (mutants) or accepted / falsely rejected (variants), each with the
+first line of the gate's verdict; it passes when every mutant is caught by every gate meant for it (its
+``caught_by``) and no variant is rejected anywhere. Taps of the model gate that no mutant pushed past their
+bound are listed as non-discriminating: a bound nothing can exceed proves nothing.
+
+The mutants wrap a base candidate's standalone ops (:mod:`h3gate.mutants`). On a GPU the base is the product,
+``h3_triton``; on a CPU, where Triton's interpreter makes each h3_triton gate run take minutes, the base can be
+the provider's own ops: the bug is emulated exactly the same way around either base, so what is measured — can
+the gate see this bug — is the same.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from h3gate import bounds as bounds_mod
+from h3gate import numerics
+from h3gate.block_program import PROVIDER_OPS, Installation
+from h3gate.candidates import Candidate, CandidateError
+from h3gate.contract import load_model_contract
+from h3gate.gates import block as block_gate
+from h3gate.gates import generation as generation_gate
+from h3gate.gates import kernel as kernel_gate
+from h3gate.gates import model as model_gate
+from h3gate.generation_contract import load as load_generation_contract
+from h3gate.mutants import MUTANTS, MutantCandidate
+from h3gate.provider_ops import OPS as PROVIDER_KERNELS
+from h3gate.verdict import Check, GateResult
+
+GATES = ("kernel", "block", "model", "generation")
+GENERATION_CONTRACT = "generation-preflight"
+
+
+class _Undo:
+    def __init__(self, stack: contextlib.ExitStack):
+        self.stack = stack
+
+    def remove(self) -> None:
+        self.stack.close()
+
+
+class VariantCandidate(Candidate):
+    """A provider variant presented as a candidate: the provider's own arithmetic under one backend choice.
+
+    ``compiled`` compiles each block (regional compilation, as users deploy it) rather than the whole model."""
+
+    def __init__(self, variant: str, device: str = "cpu"):
+        self.mode = numerics.get(variant, device)
+        self.name = f"variant:{variant}"
+
+    def identity(self) -> dict:
+        return {"name": self.name, "mode": self.mode.name}
+
+    def install(self, transformer):
+        stack = contextlib.ExitStack()
+        stack.enter_context(numerics.activate(self.mode))
+        stack.callback(Installation(transformer, PROVIDER_OPS).remove)
+        if self.mode.compiled:
+            for block in transformer.transformer_blocks:
+                block.forward = torch.compile(block.forward, dynamic=False)
+        return _Undo(stack)
+
+    def with_provider_groups(self, groups) -> Candidate:
+        return self
+
+    def kernel_ops(self) -> dict:
+        def under_mode(fn):
+            def op(*args, **kwargs):
+                with numerics.activate(self.mode):
+                    return fn(*args, **kwargs)
+
+            return op
+
+        return {name: under_mode(fn) for name, fn in PROVIDER_KERNELS.items()}
+
+
+@dataclass
+class Row:
+    subject: str
+    kind: str  # "mutant" or "variant"
+    gate: str
+    meant: bool  # a mutant: the gate is one of those meant to catch it; a variant: always (must accept)
+    rejected: bool
+    line: str
+
+    @property
+    def ok(self) -> bool:
+        return self.rejected if self.kind == "mutant" else not self.rejected
+
+    @property
+    def verdict(self) -> str:
+        if self.kind == "mutant":
+            return "caught" if self.rejected else "missed"
+        return "falsely rejected" if self.rejected else "accepted"
+
+
+@dataclass
+class Report:
+    rows: list[Row] = field(default_factory=list)
+    tap_failures: dict[str, int] = field(default_factory=dict)  # model gate tap -> mutants that exceeded it
+    model_taps: list[str] = field(default_factory=list)
+
+    @property
+    def failures(self) -> list[Row]:
+        """Mutants missed by a gate meant to catch them, and variants rejected anywhere."""
+        return [row for row in self.rows if row.meant and not row.ok]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.rows) and not self.failures
+
+    @property
+    def non_discriminating(self) -> list[str]:
+        return sorted(tap for tap in self.model_taps if not self.tap_failures.get(tap))
+
+    def to_json(self) -> dict:
+        return {
+            "passed": self.passed,
+            "rows": [{**row.__dict__, "verdict": row.verdict, "ok": row.ok} for row in self.rows],
+            "non_discriminating_model_taps": self.non_discriminating,
+        }
+
+    def table(self) -> str:
+        gates = [g for g in GATES if any(r.gate == g for r in self.rows)]
+        subjects = list(dict.fromkeys(row.subject for row in self.rows))
+        cells = {(row.subject, row.gate): row for row in self.rows}
+        lines = ["| subject | " + " | ".join(gates) + " |", "|---|" + "---|" * len(gates)]
+        for subject in subjects:
+            marks = []
+            for gate in gates:
+                row = cells.get((subject, gate))
+                if row is None:
+                    marks.append("n/a")
+                else:
+                    mark = row.verdict + ("" if row.meant else " (not meant)")
+                    marks.append(f"**{mark}**" if row.meant and not row.ok else mark)
+            lines.append(f"| {subject} | " + " | ".join(marks) + " |")
+        return "\n".join(lines)
+
+
+def run(
+    model,
+    device: str,
+    thresholds: Path,
+    out_dir: Path,
+    base: Candidate,
+    mutants=tuple(MUTANTS),
+    variants=None,
+    gates=GATES,
+    kernel_examples: int = 4,
+    progress=lambda message: None,
+) -> Report:
+    """The power table of ``gates`` over ``mutants`` of ``base`` and the provider ``variants`` of ``device``."""
+    device_class = bounds_mod.device_class(device)
+    contract = load_model_contract(Path(thresholds) / model.name / "model-contract.json")
+    model_bounds = bounds_mod.load(
+        bounds_mod.bounds_path(thresholds, model.name, device_class, model_gate.GATE), model_gate.GATE, model.identity, device_class
+    )
+    block_bounds = {
+        index: bounds_mod.load(
+            bounds_mod.bounds_path(thresholds, model.name, device_class, block_gate.bounds_stem(index)),
+            block_gate.GATE,
+            model.identity,
+            device_class,
+        )
+        for index in range(len(model.transformer.transformer_blocks))
+    } if "block" in gates else {}
+    generation = None
+    if "generation" in gates:
+        generation_contract = load_generation_contract(Path(thresholds) / model.name / f"{GENERATION_CONTRACT}-contract.json")
+        generation = (generation_contract, generation_gate.load_bounds(thresholds, model, generation_contract, device))
+    subjects = [("mutant", MutantCandidate(name, base)) for name in mutants]
+    subjects += [("variant", VariantCandidate(name, device)) for name in (variants if variants is not None else [m.name for m in numerics.variants(device)])]
+    report = Report(model_taps=sorted(model_bounds.bounds))
+    for kind, candidate in subjects:
+        meant = set(candidate.mutant.caught_by) if kind == "mutant" else set(GATES)
+        for gate in gates:
+            progress(f"{candidate.name} x {gate}")
+            try:
+                results = _gate_results(
+                    gate, candidate, kind, model, device, contract, model_bounds, block_bounds, generation, out_dir, kernel_examples
+                )
+            except CandidateError as error:  # NaN or a crash of the candidate: the gate stops it
+                results = [GateResult(gate, {}, [Check("candidate", "error", 1.0, 0.0, False, {"reason": str(error)})])]
+            rejected = [result for result in results if not result.passed]
+            line = (rejected or results)[0].summary()
+            report.rows.append(Row(candidate.name, kind, gate, gate in meant, bool(rejected), line))
+            if gate == "model" and kind == "mutant":
+                for check in results[0].failures:
+                    report.tap_failures[check.name] = report.tap_failures.get(check.name, 0) + 1
+    return report
+
+
+def _gate_results(gate, candidate, kind, model, device, contract, model_bounds, block_bounds, generation, out_dir, examples):
+    """The gate's verdicts on ``candidate`` (several for a gate with several items), or None where it does not apply."""
+    if gate == "kernel":
+        ops = [candidate.mutant.op] if kind == "mutant" else list(kernel_gate.OPS)
+        return [kernel_gate.check(candidate, op, device, max_examples=examples, shrink=False) for op in ops]
+    if gate == "block":
+        return [
+            block_gate.check(model, candidate, contract, frozen, device, index, out_dir, diagnostics=False)
+            for index, frozen in block_bounds.items()
+        ]
+    if gate == "model":
+        return [model_gate.check(model, candidate, contract, model_bounds, device)]
+    generation_contract, frozen = generation
+    return [
+        generation_gate.check(
+            model, candidate, generation_contract, frozen, device, seed, out_dir,
+            model_gate_override="gate power measurement: every subject runs every gate",
+        )
+        for seed in generation_contract.seeds
+    ]
+
+
+def as_result(report: Report, base: Candidate) -> GateResult:
+    """The power report as a gate result: one check per (subject, gate meant for it), the table in the metrics."""
+    checks = [
+        Check(f"{row.subject} x {row.gate}", "power", 0.0 if row.ok else 1.0, 0.0, row.ok, {"verdict": row.verdict, "line": row.line})
+        for row in report.rows
+        if row.meant
+    ]
+    context = {"base": base.identity(), "non_discriminating": report.non_discriminating}
+    return GateResult("power", {}, checks, context, {"power_table": report.table(), **report.to_json()})
