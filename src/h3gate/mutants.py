@@ -47,7 +47,11 @@ class _EditGradient(torch.autograd.Function):
 
 
 def dropped_key_tile(attention):
-    """Attention that forgets the last partial key tile (a masking bug of flash kernels)."""
+    """Attention that forgets the last partial key tile (a masking bug of flash kernels).
+
+    Attention over fewer keys than queries is computed by the provider's attention (a self-attention kernel
+    takes one length for both); only sequences with a partial last tile are affected."""
+    from h3gate.provider_ops import attention as over_kept_keys
 
     def broken(q, k, v):
         keep = k.shape[1] - k.shape[1] % KEY_TILE
@@ -55,7 +59,7 @@ def dropped_key_tile(attention):
             return attention(q, k, v)
         if keep == 0:  # no full tile at all: the kernel's normalisation divides 0 by 0
             return q * float("nan")
-        return attention(q, k[:, :keep], v[:, :keep])
+        return over_kept_keys(q, k[:, :keep], v[:, :keep])
 
     return broken
 

@@ -1,0 +1,95 @@
+"""The mutant catalogue: each mutant differs from its base, the gates meant for it catch it, the block gate's
+attribution names its op group; and over the product's own kernels the model gate fails three of them."""
+
+import pytest
+import torch
+
+from h3gate.candidates import CandidateError, ProviderCandidate, load
+from h3gate.gates import block as block_gate
+from h3gate.gates import kernel as kernel_gate
+from h3gate.gates import model as model_gate
+from h3gate.mutants import MUTANTS, MutantCandidate
+
+GROUP_OF_OP = {
+    "attention": "attention",
+    "qk_norm_rope": "qk_norm_rope",
+    "rms_norm_modulate": "norm",
+    "gated_residual": "residual",
+    "swiglu": "swiglu",
+    "linear": "gemm",
+    "silu_linear": "adaln",
+}
+
+
+@pytest.fixture(scope="module")
+def tiny_block0(tiny, tiny_contract):
+    from conftest import THRESHOLDS
+    from h3gate import bounds
+
+    return bounds.load(bounds.bounds_path(THRESHOLDS, "tiny", "cpu", "block0"), "block", tiny.identity, "cpu")
+
+
+def test_every_mutant_names_its_gates_and_documents_its_bug():
+    assert len(MUTANTS) >= 12
+    for mutant in MUTANTS.values():
+        assert mutant.caught_by and set(mutant.caught_by) <= {"kernel", "block", "model", "generation"}
+        assert mutant.description, f"{mutant.name} needs a docstring saying what the bug is"
+        assert "kernel" in mutant.caught_by, "every bug of one op is the kernel gate's to catch first"
+
+
+def test_mutants_are_candidates_by_name():
+    candidate = load("mutant:dropped-key-tile")
+    assert candidate.name == "mutant:dropped-key-tile" and candidate.identity()["base"] == "h3_triton"
+    with pytest.raises(ValueError, match="unknown mutant 'nope'"):
+        load("mutant:nope")
+
+
+@pytest.mark.parametrize("name", [n for n, m in MUTANTS.items() if "block" in m.caught_by])
+def test_block_attribution_points_at_the_broken_group(name, tiny, tiny_contract, tiny_block0, tmp_path):
+    mutant = MutantCandidate(name, ProviderCandidate())
+    result = block_gate.check(tiny, mutant, tiny_contract, tiny_block0, "cpu", 0, tmp_path)
+    assert not result.passed
+    attribution = result.metrics["attribution"]
+    assert attribution["attributed_group"] == GROUP_OF_OP[mutant.mutant.op], attribution["worst_ratio"]
+    (consistency,) = [c for c in result.checks if c.kind == "self_consistency"]
+    assert consistency.passed, "with every group as the provider the hybrid is bitwise the provider"
+
+
+# Over h3_triton itself (under Triton's interpreter): three realistic kernel bugs the model gate must reject,
+# and the kernel gate too.
+PRODUCT_MUTANTS = ("dropped-key-tile", "rope-wrong-half", "wrong-modality-row")
+
+
+def _model_gate_rejects(tiny, candidate, contract, frozen) -> bool:
+    """A failed verdict, or the refusal of non-finite output (a NaN is rejected before any bound)."""
+    try:
+        return not model_gate.check(tiny, candidate, contract, frozen, "cpu").passed
+    except CandidateError as error:
+        return "non-finite" in str(error)
+
+
+@pytest.mark.parametrize("name", PRODUCT_MUTANTS)
+def test_model_and_kernel_gates_reject_broken_h3_triton(name, tiny, tiny_contract, tiny_model_bounds):
+    mutant = MutantCandidate(name, "h3_triton")
+    assert _model_gate_rejects(tiny, mutant, tiny_contract, tiny_model_bounds)
+    kernel = kernel_gate.check(mutant, mutant.mutant.op, "cpu", max_examples=2, shrink=False)
+    assert not kernel.passed, kernel.summary()
+
+
+def test_each_mutant_changes_its_op():
+    generator = torch.Generator().manual_seed(0)
+    base = ProviderCandidate().kernel_ops()
+    for mutant in MUTANTS.values():
+        spec = kernel_gate.OP_SPECS[mutant.op]
+        built = spec.build(spec.examples[0], torch.float32, generator)
+        args = {k: (v.float().requires_grad_(k in built["grads"]) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+                for k, v in built["args"].items()}
+        broken = mutant.wrap(base[mutant.op])
+        plain, bad = base[mutant.op](**args), broken(**args)
+        plain_grads = torch.autograd.grad(plain.sum(), [args[n] for n in built["grads"]])
+        bad_grads = torch.autograd.grad(bad.sum() if bad.isfinite().all() else bad.nan_to_num().sum(), [args[n] for n in built["grads"]], allow_unused=True)
+        differs = not torch.equal(plain, bad) or any(b is None or not torch.equal(a, b) for a, b in zip(plain_grads, bad_grads))
+        if mutant.name == "nondeterministic-table-grad":
+            again = torch.autograd.grad(broken(**args).sum(), [args[n] for n in built["grads"]])
+            differs = any(not torch.equal(a, b) for a, b in zip(bad_grads, again))
+        assert differs, f"{mutant.name} computes exactly what its base computes"
