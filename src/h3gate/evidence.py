@@ -811,7 +811,7 @@ def merge(shards: list[Path], out_dir: Path, sign_key: Ed25519PrivateKey | None 
         if first is None:
             first = (envelope.path, predicate["configuration"], h3["profile"])
         else:
-            _same_identity(first, envelope.path, predicate["configuration"], h3["profile"])
+            first = (first[0], _joined_configuration(first, envelope.path, predicate["configuration"], h3["profile"]), first[2])
         for entry in statement["subject"]:
             name = Path(os.path.relpath((envelope.path.parent / entry["name"]).resolve(), out_dir)).as_posix()
             digest = entry["digest"]["sha256"]
@@ -844,18 +844,17 @@ def merge(shards: list[Path], out_dir: Path, sign_key: Ed25519PrivateKey | None 
     return write_sealed(out_dir, merged, sign_key)
 
 
-def _same_identity(first: tuple, path: Path, config: list[dict], profile_json: dict) -> None:
-    """Refuse a shard measured against anything else than the first shard; name the first difference."""
+def _joined_configuration(first: tuple, path: Path, config: list[dict], profile_json: dict) -> list[dict]:
+    """The union of two shards' configurations; a shard measured against anything else than the others (another
+    profile, or the same file with another digest) is refused with the first difference named. A bounds file
+    only one shard used (its gate items ran there) is no difference."""
     first_path, first_config, first_profile = first
     if profile_json != first_profile:
         raise EvidenceError(
             "conflict", f"profile {profile_json['name']} in {path}, {first_profile['name']} in {first_path}"
         )
     theirs, ours = {d["name"]: d for d in first_config}, {d["name"]: d for d in config}
-    for name in sorted(set(theirs) | set(ours)):
-        if name not in ours or name not in theirs:
-            holder, lacker = (first_path, path) if name in theirs else (path, first_path)
-            raise EvidenceError("conflict", f"{name} is measured against in {holder} but not in {lacker}")
+    for name in sorted(set(theirs) & set(ours)):
         if theirs[name] != ours[name]:
             role = ours[name]["annotations"]["role"]
             mine, other = ours[name]["digest"].get("sha256", ""), theirs[name]["digest"].get("sha256", "")
@@ -863,3 +862,4 @@ def _same_identity(first: tuple, path: Path, config: list[dict], profile_json: d
                 f"sha256 {mine[:16]} in {path}, {other[:16]} in {first_path}" if mine != other else "annotations differ"
             )
             raise EvidenceError("conflict", f"{role} {name}: {what}")
+    return sorted({**theirs, **ours}.values(), key=lambda d: d["name"])

@@ -1,0 +1,105 @@
+"""Spreading the gates: xdist workers and --h3-shard shards give the same evidence as one process (timings aside)."""
+
+import base64
+import json
+import shutil
+
+import pytest
+
+from conftest import THRESHOLDS
+from h3gate import evidence
+from h3gate.bounds import lock_files
+from pytest_h3 import distribution
+
+SUITE = """
+import pytest
+
+@pytest.mark.h3_gate("model")
+def test_model(h3_gate):
+    result = h3_gate.run()
+    assert result.passed, result.report()
+
+@pytest.mark.h3_gate("block", blocks="all")
+def test_block(h3_gate):
+    result = h3_gate.run()
+    assert result.passed, result.report()
+"""
+
+
+@pytest.fixture
+def project(pytester):
+    """The committed tiny CPU bounds (model and blocks) and contract in a fresh project, re-locked there."""
+    target = pytester.path / "thresholds" / "tiny"
+    (target / "cpu").mkdir(parents=True)
+    files = [shutil.copy(THRESHOLDS / "tiny" / "model-contract.json", target)]
+    for name in ("model-bounds.json", "block0-bounds.json", "block1-bounds.json"):
+        files.append(shutil.copy(THRESHOLDS / "tiny" / "cpu" / name, target / "cpu"))
+    lock_files(pytester.path / "thresholds", files)
+    pytester.makepyfile(test_gates=SUITE)
+    return pytester
+
+
+def _run(project, out, *args):
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--h3-candidate=provider", "--h3-device=cpu", f"--h3-out={out}", *args)
+    return result
+
+
+def _content(path):
+    """The statement's test results with everything run-dependent (timings, environment, artifact digests) set aside."""
+    statement = json.loads(base64.b64decode(json.loads(path.read_text())["payload"]))
+
+    def strip(value):
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in ("timings", "environment", "artifacts", "device")}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return strip(statement["predicate"]["h3"]["tests"]), statement["predicate"]["passedTests"], statement["predicate"]["failedTests"]
+
+
+def test_workers_and_shards_give_the_same_evidence(project):
+    _run(project, "single").assert_outcomes(passed=3)
+    _run(project, "workers", "-n", "2").assert_outcomes(passed=3)
+    shards = []
+    for index in range(2):
+        _run(project, f"shard{index}", f"--h3-shard={index}/2")
+        shards.append(project.path / f"shard{index}" / "evidence.json")
+    merged = evidence.merge(shards, project.path / "merged")
+    single = _content(project.path / "single" / "evidence.json")
+    assert _content(project.path / "workers" / "evidence.json") == single
+    assert _content(merged) == single
+    assert sorted(single[1]) == ["test_gates.py::test_block[block0]", "test_gates.py::test_block[block1]", "test_gates.py::test_model"]
+
+
+def test_shards_deal_gate_items_disjointly(pytester):
+    class Item:
+        def __init__(self, nodeid, gate):
+            self.nodeid = nodeid
+            self.gate = gate
+
+        def get_closest_marker(self, name):
+            return object() if self.gate else None
+
+    items = [Item(f"t::g{i}", True) for i in range(5)] + [Item("t::plain", False)]
+    kept = [distribution.shard(items, f"{i}/3")[0] for i in range(3)]
+    gate_sets = [{item.nodeid for item in k if item.gate} for k in kept]
+    assert set().union(*gate_sets) == {f"t::g{i}" for i in range(5)} and sum(map(len, gate_sets)) == 5
+    assert all(any(item.nodeid == "t::plain" for item in k) for k in kept), "ordinary tests run in every shard"
+    with pytest.raises(pytest.UsageError, match="expected I/N"):
+        distribution.shard(items, "3/3")
+
+
+def test_workers_pin_to_the_callers_gpus(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    distribution.prepare("auto")
+    assert distribution.auto_workers("auto") == 2
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    distribution.prepare("auto")
+    import os
+
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "6", "the caller's list entry, not device_count modulo"
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
+    with pytest.raises(pytest.UsageError, match="gw2 has no GPU of its own: the caller sees 2"):
+        distribution.prepare("auto")
