@@ -39,21 +39,34 @@ def dumps(value) -> str:
     return json.dumps(value, indent=1, sort_keys=True, allow_nan=True) + "\n"
 
 
+class WriteError(OSError):
+    """A file could not be written (full disk, no permission); nothing half-written was left behind."""
+
+
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     """Write ``data`` to ``path`` through a temporary file, fsync and rename."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     if isinstance(data, str):
         data = data.encode()
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+    temporary = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(temporary, path)
+    except OSError as error:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
+        previous = "the previous file is intact" if path.exists() else "no file was created"
+        raise WriteError(
+            error.errno, f"cannot write {path} ({error.strerror or error}); {previous}: free space or fix permissions, then run again"
+        ) from error
     except BaseException:
-        Path(temporary).unlink(missing_ok=True)
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
         raise
 
 

@@ -35,8 +35,14 @@ def run_taps(
     transformer.to(device)
     store = store if store is not None else taps.TapStore()
     installed = candidate.installed(transformer) if candidate is not None else contextlib.nullcontext()
-    with numerics.activate(mode), installed:
-        taps.forward_backward(numerics.runner(mode, transformer), transformer, inputs, upstream, store, nodes, internal)
+    try:
+        with numerics.activate(mode), installed:
+            taps.forward_backward(numerics.runner(mode, transformer), transformer, inputs, upstream, store, nodes, internal)
+    except (RuntimeError, ValueError, TypeError, IndexError) as error:
+        if candidate is None:
+            raise
+        # A candidate that crashes (a wrong shape, a kernel that refuses its input) is named as the culprit.
+        raise CandidateError(f"candidate {candidate.name} failed in the whole-model run: {type(error).__name__}: {error}") from error
     if candidate is not None:
         _check_finite(store, candidate)
     return store
