@@ -172,6 +172,7 @@ BLOCK_TAP_POINTS = (
 )
 
 
+@torch.compiler.disable  # a tap point is host I/O: under torch.compile the graph breaks here
 def _tap(module, name, tensor):
     point = TAP_POINT.get()
     if point is not None:

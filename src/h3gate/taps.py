@@ -45,6 +45,7 @@ class TapStore(Mapping):
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
 
+    @torch.compiler.disable  # recording is host I/O: compiled graphs break here instead of tracing (and guarding) it
     def put(self, name: str, tensor: torch.Tensor) -> None:
         if name in self._names:
             raise KeyError(f"tap {name!r} recorded twice in one run")
@@ -98,6 +99,7 @@ def recording(
             tensor.register_hook(lambda grad: store.put(f"{name}.grad", grad))
 
     for path, module in _matching(transformer, nodes):
+        @torch.compiler.disable
         def hook(_module, _args, output, path=path):
             if not isinstance(output, torch.Tensor):
                 raise TypeError(f"tap nodes.{path}: module output is {type(output).__name__}, not a tensor")
@@ -105,6 +107,7 @@ def recording(
 
         handles.append(module.register_forward_hook(hook))
 
+    @torch.compiler.disable
     def point(module, name, tensor):
         path = internal_paths.get(module)
         if path is not None:
