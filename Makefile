@@ -39,7 +39,7 @@ gate: $(STAMP) $(SIGN_KEY)
 
 # The whole CPU test suite.
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest tests $(PYTEST_ARGS)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest tests -n auto $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache
