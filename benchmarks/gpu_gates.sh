@@ -3,19 +3,8 @@
 # the CUDA bounds of the embedded tiny and small models from the provider variants, then qualifies h3_triton.
 # Everything it writes that should be committed (bounds, lock) is packed into $OUT/thresholds.tar.
 set -uo pipefail
-OUT=${OUT:-/tmp/h3-gpu}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
-nvidia-smi -L
+source "$(dirname "$0")/gpu_setup.sh"
 python3 -c "import torch, triton, diffusers; print(torch.__version__, triton.__version__, diffusers.__version__, torch.cuda.get_device_name())"
-phase() {  # phase NAME SECONDS COMMAND...: one timed step, its log under $OUT
-  local name=$1 limit=$2; shift 2
-  local start=$(date +%s)
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  echo "== $name: exit $? in $(( $(date +%s) - start )) s; $(tail -n 1 "$OUT/$name.log")"
-}
 GATES="tests/gates/test_model.py tests/gates/test_block.py"
 phase freeze-tiny 240 python3 -m pytest $GATES -m gate --h3-model=tiny --h3-device=cuda --h3-freeze -q
 phase check-tiny 300 python3 -m pytest $GATES -m gate --h3-model=tiny --h3-device=cuda -q --h3-out="$OUT/tiny"

@@ -2,18 +2,7 @@
 # On a machine of two (or more) GPUs: the tiny gate suite with one xdist worker per GPU (-n auto), each
 # worker's GPU recorded in the evidence; then the small preset's generation time per step at 64x64.
 set -uo pipefail
-OUT=${OUT:-/tmp/h3-gpu}
-mkdir -p "$OUT"
-export PYTHONUNBUFFERED=1 NCCL_NVLS_ENABLE=0
-python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl || exit 1
-python3 -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
-nvidia-smi -L
-phase() {
-  local name=$1 limit=$2; shift 2
-  local start=$(date +%s)
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
-  echo "== $name: exit $? in $(( $(date +%s) - start )) s; $(tail -n 1 "$OUT/$name.log")"
-}
+source "$(dirname "$0")/gpu_setup.sh"
 phase gates-n-auto 200 python3 -m pytest tests/gates/test_model.py tests/gates/test_block.py -m gate --h3-device=cuda -n auto -q --h3-out="$OUT/xdist"
 python3 -c "
 import json

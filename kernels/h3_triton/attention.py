@@ -83,6 +83,18 @@ def _heads_base(pid_bh, H, stride_b, stride_h):
 
 
 @triton.jit
+def _key_value_tile(k_ptr, v_ptr, stride_k, stride_v, offs_n, offs_d, S, MASK_KEYS: tl.constexpr):
+    """One key tile and its value tile; only the last partial tile is masked (padded keys load as 0)."""
+    k_ptrs = k_ptr + offs_n[:, None] * stride_k + offs_d[None, :]
+    v_ptrs = v_ptr + offs_n[:, None] * stride_v + offs_d[None, :]
+    if MASK_KEYS:
+        in_seq = (offs_n < S)[:, None]
+        return tl.load(k_ptrs, mask=in_seq, other=0.0), tl.load(v_ptrs, mask=in_seq, other=0.0)
+    else:
+        return tl.load(k_ptrs), tl.load(v_ptrs)
+
+
+@triton.jit
 def _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_kn, stride_vn, start, stop, S, qk_scale,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                MASK_KEYS: tl.constexpr, UPCAST: tl.constexpr):
@@ -91,16 +103,10 @@ def _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_kn, stride_vn, start, stop
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0
-        if MASK_KEYS:
-            in_seq = offs_n < S
-            k = tl.load(k_ptr + offs_n[:, None] * stride_kn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
-            v = tl.load(v_ptr + offs_n[:, None] * stride_vn + offs_d[None, :], mask=in_seq[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptr + offs_n[:, None] * stride_kn + offs_d[None, :])
-            v = tl.load(v_ptr + offs_n[:, None] * stride_vn + offs_d[None, :])
+        k, v = _key_value_tile(k_ptr, v_ptr, stride_kn, stride_vn, offs_n, offs_d, S, MASK_KEYS)
         qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST) * qk_scale
         if MASK_KEYS:
-            qk = tl.where(in_seq[None, :], qk, float("-inf"))
+            qk = tl.where((offs_n < S)[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
         p = tl.math.exp2(qk - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
@@ -244,17 +250,11 @@ def _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, stride_ks, stride_vs, start, 
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0
-        if MASK_KEYS:
-            in_seq = offs_n < S
-            k = tl.load(k_ptr + offs_n[:, None] * stride_ks + offs_d[None, :], mask=in_seq[:, None], other=0.0)
-            v = tl.load(v_ptr + offs_n[:, None] * stride_vs + offs_d[None, :], mask=in_seq[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptr + offs_n[:, None] * stride_ks + offs_d[None, :])
-            v = tl.load(v_ptr + offs_n[:, None] * stride_vs + offs_d[None, :])
+        k, v = _key_value_tile(k_ptr, v_ptr, stride_ks, stride_vs, offs_n, offs_d, S, MASK_KEYS)
         qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST)
         p = tl.math.exp2(qk * qk_scale - lse[:, None])
         if MASK_KEYS:
-            p = tl.where(in_seq[None, :], p, 0.0)
+            p = tl.where((offs_n < S)[None, :], p, 0.0)
         dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST)
         ds = p * (dp - delta[:, None])
         dq = mma(to_dtype(ds, k.dtype, UPCAST), k, dq, UPCAST)

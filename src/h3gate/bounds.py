@@ -111,6 +111,22 @@ def ensemble(errors_by_source: dict[str, dict[str, float]]) -> tuple[dict, dict,
     return bounds, kept, providers, dropped
 
 
+def frozen_by_ensemble(gate: str, model, device_class: str, errors: dict[str, dict[str, float]], extra: dict) -> "Bounds":
+    """Bounds of ``gate`` by the ensemble rule from each configuration's error table (in the order offered)."""
+    table, kept, providers, dropped = ensemble(errors)
+    return Bounds(
+        gate=gate,
+        model_identity=model.identity,
+        device_class=device_class,
+        bounds=table,
+        errors=kept,
+        sources=list(errors),
+        providers=providers,
+        duplicates_dropped=dropped,
+        provenance=provenance({"model_source": model.source, **extra}),
+    )
+
+
 def provenance(extra: dict | None = None) -> dict:
     import diffusers
     import triton

@@ -15,8 +15,10 @@ from diffusers.models.transformers.transformer_minimax_h3 import (
 
 from h3_triton.elementwise import gated_residual, swiglu
 from h3gate.compare import relative_l2
+from kernel_checks import assert_bounded, nan_padded, strided_index, table_index
 
 TABLE_ROWS = 6
+RUNS = [4, 1, 0, 4, 3]  # table rows left out stay unreferenced: their gradients must be 0
 SHAPES = [((), 1, 48), ((2,), 7, 80), ((), 65, 96), ((2,), 130, 48), ((), 600, 80)]  # (batch dims, S, C or F)
 SHAPE_IDS = [f"S{s}-C{c}" for _, s, c in SHAPES]
 DTYPES = pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=["bf16", "fp32"])
@@ -31,13 +33,6 @@ def provider_swiglu(h):
 def provider_gated(residual, y, gate=None, idx=None):
     """The block's ``residual + gate_msa.index_select(0, adaln_indices) * attn_output``."""
     return residual + y if gate is None else residual + gate.index_select(0, idx) * y
-
-
-def assert_bounded(name, candidate, provided, reference):
-    assert torch.isfinite(candidate).all(), f"{name}: non-finite values"
-    floor = torch.finfo(candidate.dtype).eps / 2
-    error, provider_error = relative_l2(candidate, reference), relative_l2(provided, reference)
-    assert error <= 2 * provider_error + floor, f"{name}: {error:.3e} > 2 x provider {provider_error:.3e} + {floor:.1e}"
 
 
 def nan_padded(values, requires_grad=False):
@@ -93,12 +88,6 @@ def test_swiglu_saturates_without_nan():
         torch.testing.assert_close(candidate.double(), ref, rtol=1e-6, atol=1e-30)
 
 
-def table_index(mode, seq_len, generator):
-    """Row -> table row: random per row, or long runs that revisit rows (the packed-sequence layout)."""
-    if mode == "random":
-        return torch.randint(0, TABLE_ROWS, (seq_len,), generator=generator)
-    runs = torch.tensor([4, 1, 0, 4, 3])  # table rows 2 and 5 stay unreferenced: their gradients must be 0
-    return runs[torch.arange(seq_len) * len(runs) // seq_len]
 
 
 def gated_inputs(batch, seq_len, width, dtype, mode, seed=0):
@@ -107,7 +96,7 @@ def gated_inputs(batch, seq_len, width, dtype, mode, seed=0):
     gate = idx = None
     if mode != "plain":
         gate = (0.5 * torch.randn(TABLE_ROWS, width, generator=generator)).to(dtype)
-        idx = table_index(mode, seq_len, generator)
+        idx = table_index(mode, seq_len, generator, TABLE_ROWS, RUNS)
     return residual, y, gate, idx, dout
 
 

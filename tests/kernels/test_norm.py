@@ -12,9 +12,11 @@ from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AdaLay
 
 from h3_triton.norm import rms_norm_modulate
 from h3gate.compare import relative_l2
+from kernel_checks import assert_bounded, nan_padded, strided_index, table_index
 
 EPS = 1e-6
 TABLE_ROWS = 6
+RUNS = [2, 0, 5, 2, 1]  # table rows left out stay unreferenced: their gradients must be 0
 SHAPES = [((), 1, 48), ((2,), 7, 80), ((), 65, 96), ((2,), 130, 48), ((), 600, 80)]  # (batch dims, S, C)
 
 
@@ -26,19 +28,6 @@ def provider(x, weight, scale=None, shift=None, idx=None):
     return y * (1.0 + scale.index_select(0, idx)) + shift.index_select(0, idx)
 
 
-def assert_bounded(name, candidate, provided, reference):
-    assert torch.isfinite(candidate).all(), f"{name}: non-finite values"
-    floor = torch.finfo(candidate.dtype).eps / 2
-    error, provider_error = relative_l2(candidate, reference), relative_l2(provided, reference)
-    assert error <= 2 * provider_error + floor, f"{name}: {error:.3e} > 2 x provider {provider_error:.3e} + {floor:.1e}"
-
-
-def table_index(mode, seq_len, generator):
-    """Row -> table row: random per row, or long runs that revisit rows (the packed-sequence layout)."""
-    if mode == "random":
-        return torch.randint(0, TABLE_ROWS, (seq_len,), generator=generator)
-    runs = torch.tensor([2, 0, 5, 2, 1])  # table rows 3 and 4 stay unreferenced: their gradients must be 0
-    return runs[torch.arange(seq_len) * len(runs) // seq_len]
 
 
 def nan_padded(values, requires_grad=False):
@@ -111,7 +100,7 @@ def inputs(batch, seq_len, width, dtype, modulated, seed=0):
 @pytest.mark.parametrize("batch, seq_len, width", SHAPES, ids=[f"S{s}-C{c}" for _, s, c in SHAPES])
 def test_matches_float64_reference(batch, seq_len, width, mode, dtype):
     x, weight, tables, dy, generator = inputs(batch, seq_len, width, dtype, mode != "plain")
-    idx = None if tables is None else table_index(mode, seq_len, generator)
+    idx = None if tables is None else table_index(mode, seq_len, generator, TABLE_ROWS, RUNS)
     unreferenced = torch.ones(TABLE_ROWS, dtype=torch.bool)
     if mode == "runs":  # rows no sequence position uses are never read, so they may hold anything
         unreferenced[idx.unique()] = False
@@ -132,14 +121,14 @@ def test_matches_float64_reference(batch, seq_len, width, mode, dtype):
 @pytest.mark.parametrize("mode", ["random", "runs"])
 def test_backward_is_bitwise_deterministic(mode):
     x, weight, tables, dy, generator = inputs((), 600, 48, torch.bfloat16, modulated=True, seed=1)
-    idx = table_index(mode, 600, generator)
+    idx = table_index(mode, 600, generator, TABLE_ROWS, RUNS)
     first, second = (candidate_run(x, weight, tables, idx, dy) for _ in range(2))
     assert all(torch.equal(a, b) for a, b in zip(first, second))
 
 
 def test_int32_index():
     x, weight, tables, dy, generator = inputs((), 65, 48, torch.float32, modulated=True, seed=2)
-    idx = table_index("random", 65, generator)
+    idx = table_index("random", 65, generator, TABLE_ROWS, RUNS)
     got = candidate_run(x, weight, tables, idx.int(), dy)
     expected = candidate_run(x, weight, tables, idx, dy)
     assert all(torch.equal(a, b) for a, b in zip(got, expected))

@@ -12,6 +12,7 @@ from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Rotary
 
 from h3_triton.rope import qk_norm_rope
 from h3gate.compare import relative_l2
+from kernel_checks import assert_bounded, nan_padded
 
 EPS = 1e-6
 # (batch, S, heads, head_dim, rope_freq_dim): R = 6 x rope_freq_dim rotated channels, R/2 odd in two cases,
@@ -23,13 +24,6 @@ def provider(x, weight, cos=None, sin=None):
     """The attention processor's ``_apply_rotary_emb(attn.norm_q(query), cos, sin)``, in x's dtype."""
     y = F.rms_norm(x, (x.shape[-1],), weight, EPS)
     return y if cos is None else _apply_rotary_emb(y, cos, sin)
-
-
-def assert_bounded(name, candidate, provided, reference):
-    assert torch.isfinite(candidate).all(), f"{name}: non-finite values"
-    floor = torch.finfo(candidate.dtype).eps / 2
-    error, provider_error = relative_l2(candidate, reference), relative_l2(provided, reference)
-    assert error <= 2 * provider_error + floor, f"{name}: {error:.3e} > 2 x provider {provider_error:.3e} + {floor:.1e}"
 
 
 def nan_padded(values, requires_grad=False):

@@ -185,19 +185,12 @@ def freeze(model, contract, device, block, thresholds, out_dir, variant_names=No
         progress(mode.name)
         with timed(timings, mode.name):
             errors[mode.name] = _errors(provider_replay(model, block, captured, device, mode), golden)
-    table, kept, providers, dropped = bounds_mod.ensemble(errors)
-    frozen = bounds_mod.Bounds(
-        gate=GATE,
-        model_identity=model.identity,
-        device_class=device_class,
-        bounds=table,
-        errors=kept,
-        sources=[m.name for m in modes],
-        providers=providers,
-        duplicates_dropped=dropped,
-        provenance=bounds_mod.provenance(
-            {"model_source": model.source, "block": block, "capture_sha256": digest, "contract": contract.to_json(), "timings_s": timings}
-        ),
+    frozen = bounds_mod.frozen_by_ensemble(
+        GATE,
+        model,
+        device_class,
+        errors,
+        {"block": block, "capture_sha256": digest, "contract": contract.to_json(), "timings_s": timings},
     )
     bounds_mod.save(frozen, path, thresholds, force_reason)
     return frozen

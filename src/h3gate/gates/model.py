@@ -50,19 +50,8 @@ def freeze(
         with timed(timings, mode.name):
             store = run_taps(model, device, mode, inputs, upstream)
         errors[mode.name] = {tap: metrics["relative_l2"] for tap, metrics in errors_against(store, golden).items()}
-    table, kept, providers, dropped = bounds_mod.ensemble(errors)
-    frozen = bounds_mod.Bounds(
-        gate=GATE,
-        model_identity=model.identity,
-        device_class=device_class,
-        bounds=table,
-        errors=kept,
-        sources=[mode.name for mode in modes],
-        providers=providers,
-        duplicates_dropped=dropped,
-        provenance=bounds_mod.provenance(
-            {"model_source": model.source, "contract": contract.to_json(), "timings_s": timings}
-        ),
+    frozen = bounds_mod.frozen_by_ensemble(
+        GATE, model, device_class, errors, {"contract": contract.to_json(), "timings_s": timings}
     )
     bounds_mod.save(frozen, path, thresholds, force_reason)
     return frozen
