@@ -126,3 +126,33 @@ def test_a_candidate_returning_the_wrong_shape_is_named(tiny, tiny_contract, tin
     short = _Broken("short-rows", lambda module, x: module(x)[:, :-1])
     with pytest.raises(CandidateError, match=r"candidate short-rows failed in the whole-model run: RuntimeError"):
         model_gate.check(tiny, short, tiny_contract, tiny_model_bounds, "cpu")
+
+
+WRITER = """
+import sys
+from h3gate.files import write_json
+path = sys.argv[1]
+for i in range(10**6):
+    write_json(path, {"generation": i, "payload": [i] * 20000})
+"""
+
+
+def test_sigkill_while_writing_never_leaves_a_half_written_file(tmp_path):
+    """The evidence, bounds, sidecars and reports all go through write_atomic: a kill at any instant leaves the
+    previous complete file (or none), never a torn one."""
+    import random
+    import subprocess
+    import sys
+    import time
+
+    target = tmp_path / "evidence.json"
+    rng = random.Random(7)
+    for _ in range(5):
+        process = subprocess.Popen([sys.executable, "-c", WRITER, str(target)])
+        time.sleep(rng.uniform(0.8, 1.6))
+        process.kill()
+        process.wait()
+        if target.exists():
+            data = json.loads(target.read_text())
+            assert data["payload"] == [data["generation"]] * 20000
+    assert target.exists(), "the writer was killed before its first write every time: nothing was tested"
