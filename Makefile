@@ -34,7 +34,7 @@ $(THROWAWAY_KEY): | $(STAMP)
 gate: $(STAMP) $(SIGN_KEY)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -m gate tests/gates --h3-model=tiny --h3-device=cpu \
 		--h3-out=$(OUT) --junitxml=$(OUT)/junit.xml --h3-sign-key=$(SIGN_KEY) $(PYTEST_ARGS)
-	$(BIN)/h3gate verify $(OUT)/evidence.json --key $(SIGN_KEY:.pem=.pub.pem)
+	$(BIN)/h3gate verify $(OUT)/evidence.json --key $(SIGN_KEY:.pem=.pub.pem) --thresholds thresholds
 	$(BIN)/h3gate report $(OUT)/evidence.json -o $(OUT)/report.md
 
 # The whole CPU test suite.

@@ -45,10 +45,13 @@ def slug(text: str) -> str:
 
 
 def ratio(check: dict) -> float:
-    """value / bound: above 1 fails; NaN, or a nonzero value over a zero bound, is infinitely over."""
+    """How much of the allowance a check uses, above 1 fails: value / bound for a ceiling, bound / value for a
+    floor (PSNR, SSIM: ``direction`` "min"); NaN, or a nonzero value over a zero bound, is infinitely over."""
     value, bound = number(check["value"]), number(check["bound"])
     if math.isnan(value):
         return math.inf
+    if check.get("direction") == "min":
+        return math.inf if value <= 0 else bound / value
     if not bound:
         return math.inf if value else 0.0
     return value / bound
