@@ -45,13 +45,13 @@ def slug(text: str) -> str:
 
 
 def ratio(check: dict) -> float:
-    """How much of the allowance a check uses, above 1 fails: value / bound for a ceiling, bound / value for a
-    floor (PSNR, SSIM: ``direction`` "min"); NaN, or a nonzero value over a zero bound, is infinitely over."""
+    """How much of the allowance a check uses, above 1 fails: the engine's ratio where recorded, else value /
+    bound; NaN, or a nonzero value over a zero bound, is infinitely over."""
+    if "ratio" in check:  # the engine's own measure of the allowance used (see h3gate.verdict.Check.ratio)
+        return number(check["ratio"])
     value, bound = number(check["value"]), number(check["bound"])
     if math.isnan(value):
         return math.inf
-    if check.get("direction") == "min":
-        return math.inf if value <= 0 else bound / value
     if not bound:
         return math.inf if value else 0.0
     return value / bound

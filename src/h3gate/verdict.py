@@ -29,6 +29,8 @@ class Check:
     def ratio(self) -> float:
         """How much of the allowance is used: 1 is at the bound, above 1 fails."""
         if self.direction == "min":
+            if 0 < self.bound < 1 and self.value <= 1:  # a similarity (SSIM): the share of the allowed distance to 1
+                return (1 - self.value) / (1 - self.bound)
             return math.inf if self.value <= 0 else self.bound / self.value
         if self.bound == 0:
             return math.inf if self.value else 0.0
@@ -42,7 +44,7 @@ class Check:
         return f"{self.name}: {self.kind} {self.value:.4g} {relation} bound {self.bound:.4g} (margin {self.margin:+.3g})"
 
     def to_json(self) -> dict:
-        return {**asdict(self), "margin": self.margin}
+        return {**asdict(self), "margin": self.margin, "ratio": self.ratio}
 
 
 @dataclass
