@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import THRESHOLDS
-from h3gate import bounds, evidence, files, generation_contract
+from h3gate import bounds, evidence, files, generation_contract, resume
 from h3gate.block_program import PROVIDER_OPS, Installation
 from h3gate.candidates import Candidate, CandidateError
 from h3gate.contract import load_model_contract
@@ -53,6 +53,12 @@ def _loaders(tmp_path):
             (FileFormatError, bounds.BoundsError),
         ),
         "lock": (lock, tmp_path / "LOCK.json", lambda path: bounds.read_lock(path.parent), (FileFormatError,)),
+        "run identity": (
+            {"schema": "fuzz", "seed": 42},
+            tmp_path / "run" / "run.json",
+            lambda path: _open_run(path.parent),
+            (FileFormatError, resume.ResumeError),
+        ),
         "evidence": (
             {"payloadType": evidence.PAYLOAD_TYPE, "payload": "e30=", "signatures": []},
             tmp_path / "evidence.json",
@@ -62,7 +68,12 @@ def _loaders(tmp_path):
     }
 
 
-@pytest.mark.parametrize("loader", ["model contract", "generation contract", "bounds", "lock", "evidence"])
+def _open_run(folder):
+    with resume.Run(folder, {"schema": "fuzz", "seed": 42}, 3, label="fuzz", progress=None, lock_timeout=0):
+        pass
+
+
+@pytest.mark.parametrize("loader", ["model contract", "generation contract", "bounds", "lock", "run identity", "evidence"])
 def test_json_loaders_fail_only_with_their_documented_error(loader, tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzz")
     document, path, load, allowed = _loaders(folder)[loader]
@@ -75,7 +86,7 @@ def test_json_loaders_fail_only_with_their_documented_error(loader, tmp_path_fac
         try:
             load(path)
         except allowed as error:
-            assert str(path.name) in str(error) or loader in ("lock", "evidence", "bounds"), str(error)
+            assert str(path.name) in str(error) or loader in ("lock", "evidence", "bounds", "run identity"), str(error)
 
     fuzz()
 
