@@ -14,6 +14,18 @@ THRESHOLDS = ROOT / "thresholds"
 pytest_plugins = ["pytester"]
 
 
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread for a module: the tiny models are overhead-bound, and OpenMP spin-waits make them
+    about 10x slower on a shared 2-core CPU; a generation's run identity records the thread count too."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="session")
 def tiny():
     return build_preset("tiny")

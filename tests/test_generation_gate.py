@@ -19,7 +19,9 @@ from h3gate.gates import generation as gate
 from h3gate.pipeline import make_pipeline
 
 from conftest import THRESHOLDS
-from test_resume import one_thread  # noqa: F401  (module fixture: one intra-op thread)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
 
 COMMITTED = THRESHOLDS / "tiny" / "generation-contract.json"
 PREFLIGHT = THRESHOLDS / "tiny" / "generation-preflight-contract.json"

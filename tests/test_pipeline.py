@@ -26,6 +26,9 @@ from h3gate.pipeline import (
 )
 from h3gate.presets import TRANSFORMER_CONFIGS
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 PROMPT = "a cat on a drum"  # 15 bytes, so 15 text rows
 FRAMES, SIZE, STEPS = 124, 32, 4
 LATENT_FRAMES, AUDIO_LATENTS = 37, 207  # (124 - 5) / 17 * 5 + 2, round(124 / 24 * 40)
@@ -54,16 +57,6 @@ def fingerprint(components: dict) -> str:
 def tiny_transformer() -> MiniMaxH3Transformer3DModel:
     torch.manual_seed(0)
     return MiniMaxH3Transformer3DModel(**TRANSFORMER_CONFIGS["tiny"]).eval()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The tiny models are overhead-bound: one intra-op thread avoids OpenMP spin-waits on a shared CPU (about 10x
-    faster on a loaded 2-core machine); every comparison here is between runs under the same setting."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -21,6 +21,9 @@ from h3gate.gates.generation import run_generation
 
 from conftest import THRESHOLDS
 
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
 CALLS = 6
 IDENTITY = {"model": "toy", "candidate": {"name": "toy", "source_sha256": "a"}}
 
@@ -225,15 +228,6 @@ from h3gate.model import build_preset
 generation = run_generation(build_preset("tiny"), generation_contract.load(sys.argv[1]), 42, "cpu", sys.argv[2], progress=sys.stderr)
 print("reused" if generation.reused else "generated", flush=True)
 """
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread, as the worker uses (it is part of a run's identity; also ~10x faster here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,11 @@
 """Faults and bad inputs: every JSON loader fails only with its documented error, a full disk leaves nothing
 half-written, a capture that does not match its digest is refused, a NaN or misshapen candidate is named."""
 
-import copy
 import errno
 import json
 import os
-import shutil
 
 import pytest
-import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -215,13 +215,13 @@ def bench_ops(candidate, shape: str, device: str, ops=None, progress=print) -> l
         unit = case.unit
         work_fwd, work_bwd = case.work
         with torch.no_grad():
-            row["candidate_fwd_ms"] = median_ms(lambda: kernel_ops[case.op](**inputs), device)
+            row["candidate_fwd_ms"] = median_ms(lambda inputs=inputs: kernel_ops[case.op](**inputs), device)
         row["candidate_fwd_bwd_ms"] = median_ms(_forward_backward(kernel_ops[case.op], inputs), device)
         for variant in variants:
             name = "provider" if variant is None else f"provider_{variant}"
             with _sdpa(variant):
                 with torch.no_grad():
-                    row[f"{name}_fwd_ms"] = median_ms(lambda: provider(**inputs), device)
+                    row[f"{name}_fwd_ms"] = median_ms(lambda inputs=inputs: provider(**inputs), device)
                 row[f"{name}_fwd_bwd_ms"] = median_ms(_forward_backward(provider, inputs), device)
         row["ratio_fwd"] = row["provider_fwd_ms"] / row["candidate_fwd_ms"]
         row["ratio_fwd_bwd"] = row["provider_fwd_bwd_ms"] / row["candidate_fwd_bwd_ms"]

@@ -30,6 +30,6 @@ def table_index(mode, seq_len, generator, table_rows, runs):
     return runs[torch.arange(seq_len) * len(runs) // seq_len]
 
 
-def strided_index(idx):
+def strided_index(idx, table_rows):
     """``idx`` as every other element of a buffer whose other elements name wrong (but valid) table rows."""
-    return torch.stack([idx, (idx + 1) % TABLE_ROWS], dim=1).flatten()[::2]
+    return torch.stack([idx, (idx + 1) % table_rows], dim=1).flatten()[::2]

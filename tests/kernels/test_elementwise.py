@@ -14,7 +14,6 @@ from diffusers.models.transformers.transformer_minimax_h3 import (
 )
 
 from h3_triton.elementwise import gated_residual, swiglu
-from h3gate.compare import relative_l2
 from kernel_checks import assert_bounded, nan_padded, strided_index, table_index
 
 TABLE_ROWS = 6
@@ -33,15 +32,6 @@ def provider_swiglu(h):
 def provider_gated(residual, y, gate=None, idx=None):
     """The block's ``residual + gate_msa.index_select(0, adaln_indices) * attn_output``."""
     return residual + y if gate is None else residual + gate.index_select(0, idx) * y
-
-
-def nan_padded(values, requires_grad=False):
-    """(buffer, view): ``values`` copied into the middle of a NaN buffer, and the view."""
-    buffer = torch.full([n + 3 for n in values.shape], float("nan"), dtype=values.dtype)
-    inner = tuple(slice(1, 1 + n) for n in values.shape)
-    buffer[inner] = values
-    buffer.requires_grad_(requires_grad)
-    return buffer, buffer[inner]
 
 
 def grads_of(fn, tensors, dy):
@@ -88,8 +78,6 @@ def test_swiglu_saturates_without_nan():
         torch.testing.assert_close(candidate.double(), ref, rtol=1e-6, atol=1e-30)
 
 
-
-
 def gated_inputs(batch, seq_len, width, dtype, mode, seed=0):
     generator = torch.Generator().manual_seed(seed)
     residual, y, dout = (torch.randn(*batch, seq_len, width, generator=generator).to(dtype) for _ in range(3))
@@ -98,11 +86,6 @@ def gated_inputs(batch, seq_len, width, dtype, mode, seed=0):
         gate = (0.5 * torch.randn(TABLE_ROWS, width, generator=generator)).to(dtype)
         idx = table_index(mode, seq_len, generator, TABLE_ROWS, RUNS)
     return residual, y, gate, idx, dout
-
-
-def strided_index(idx):
-    """``idx`` as every other element of a buffer whose other elements name wrong (but valid) table rows."""
-    return torch.stack([idx, (idx + 1) % TABLE_ROWS], dim=1).flatten()[::2]
 
 
 def gated_candidate(residual, y, gate, idx, dout):
@@ -116,7 +99,7 @@ def gated_candidate(residual, y, gate, idx, dout):
         table[:, 2 * width:3 * width] = gate
         table.requires_grad_()
         gate_view = table[:, 2 * width:3 * width]
-    out = gated_residual(*views, gate_view, None if idx is None else strided_index(idx))
+    out = gated_residual(*views, gate_view, None if idx is None else strided_index(idx, TABLE_ROWS))
     out.backward(nan_padded(dout)[1])
     inner = (slice(1, -2),) * residual.dim()
     grads = [buffer.grad[inner] for buffer in buffers]

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AdaLayerNormOut
 
 from h3_triton.norm import rms_norm_modulate
-from h3gate.compare import relative_l2
 from kernel_checks import assert_bounded, nan_padded, strided_index, table_index
 
 EPS = 1e-6
@@ -26,22 +25,6 @@ def provider(x, weight, scale=None, shift=None, idx=None):
     if scale is None:
         return y
     return y * (1.0 + scale.index_select(0, idx)) + shift.index_select(0, idx)
-
-
-
-
-def nan_padded(values, requires_grad=False):
-    """(buffer, view): ``values`` copied into the middle of a NaN buffer, and the view."""
-    buffer = torch.full([n + 3 for n in values.shape], float("nan"), dtype=values.dtype)
-    inner = tuple(slice(1, 1 + n) for n in values.shape)
-    buffer[inner] = values
-    buffer.requires_grad_(requires_grad)
-    return buffer, buffer[inner]
-
-
-def strided_index(idx):
-    """``idx`` as every other element of a buffer whose other elements name wrong (but valid) table rows."""
-    return torch.stack([idx, (idx + 1) % TABLE_ROWS], dim=1).flatten()[::2]
 
 
 def candidate_run(x, weight, tables, idx, dy):
@@ -61,7 +44,7 @@ def candidate_run(x, weight, tables, idx, dy):
         projection.requires_grad_()
         shift, scale = projection[:, :width], projection[:, width:2 * width]
         buffers.append(projection)
-    y = rms_norm_modulate(x_view, w_view, EPS, scale, shift, None if idx is None else strided_index(idx))
+    y = rms_norm_modulate(x_view, w_view, EPS, scale, shift, None if idx is None else strided_index(idx, TABLE_ROWS))
     y.backward(nan_padded(dy)[1])
     for buffer in buffers:
         assert torch.isfinite(buffer.grad).all(), "a NaN from the padding reached a gradient"

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3RotaryPosEmbed, _apply_rotary_emb
 
 from h3_triton.rope import qk_norm_rope
-from h3gate.compare import relative_l2
 from kernel_checks import assert_bounded, nan_padded
 
 EPS = 1e-6
@@ -24,15 +23,6 @@ def provider(x, weight, cos=None, sin=None):
     """The attention processor's ``_apply_rotary_emb(attn.norm_q(query), cos, sin)``, in x's dtype."""
     y = F.rms_norm(x, (x.shape[-1],), weight, EPS)
     return y if cos is None else _apply_rotary_emb(y, cos, sin)
-
-
-def nan_padded(values, requires_grad=False):
-    """(buffer, view): ``values`` copied into the middle of a NaN buffer, and the view."""
-    buffer = torch.full([n + 3 for n in values.shape], float("nan"), dtype=values.dtype)
-    inner = tuple(slice(1, 1 + n) for n in values.shape)
-    buffer[inner] = values
-    buffer.requires_grad_(requires_grad)
-    return buffer, buffer[inner]
 
 
 def inputs(batch, seq_len, heads, dim, freq_dim, dtype, rope, seed=0):
