@@ -48,8 +48,10 @@ def _tuned(kernel, names: tuple[str, ...], rows: dict[int, tuple[tuple[int, ...]
     def for_dtype(configs, named_args, **kwargs):
         return by_size[named_args[first].element_size()]
 
+    # cache_results: the timings are kept on disk (keyed by triton version, GPU architecture, kernel source and
+    # tuning key), so a gate run does not re-tune shapes an earlier run tuned.
     tuned = triton.autotune(configs=[c for cs in by_size.values() for c in cs], key=["S", "HEAD_DIM"],
-                            prune_configs_by={"early_config_prune": for_dtype})(kernel)
+                            prune_configs_by={"early_config_prune": for_dtype}, cache_results=True)(kernel)
     return lambda grid, *args, **meta: tuned[grid](*args, **meta)
 
 

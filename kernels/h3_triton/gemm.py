@@ -125,6 +125,7 @@ def _launcher(configs: list[tuple[int, int, int, int]], interpreter_block_m: int
             for bm, bn, w, s in configs
         ],
         key=["M", "N", "K_OUTER", "K_INNER"],
+        cache_results=True,  # timings kept on disk by triton version, GPU architecture, source and shape
     )(_gemm_kernel)
     return lambda grid, *args, **meta: tuned[grid](*args, **meta)
 
