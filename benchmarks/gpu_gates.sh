@@ -6,9 +6,12 @@ set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
 python3 -c "import torch, triton, diffusers; print(torch.__version__, triton.__version__, diffusers.__version__, torch.cuda.get_device_name())"
 GATES="tests/gates/test_model.py tests/gates/test_block.py"
-phase freeze-tiny 240 python3 -m pytest $GATES -m gate --h3-model=tiny --h3-device=cuda --h3-freeze -q
+# REFREEZE="reason" replaces the committed CUDA bounds (the reason is recorded in them); unset, freezing
+# refuses to overwrite and only missing bounds are frozen.
+FORCE=${REFREEZE:+--h3-freeze-force=$REFREEZE}
+phase freeze-tiny 240 python3 -m pytest $GATES -m gate --h3-model=tiny --h3-device=cuda --h3-freeze ${FORCE:+"$FORCE"} -q
 phase check-tiny 300 python3 -m pytest $GATES -m gate --h3-model=tiny --h3-device=cuda -q --h3-out="$OUT/tiny"
-phase freeze-small 180 python3 -m pytest tests/gates/test_model.py -m gate --h3-model=small --h3-device=cuda --h3-freeze -q
+phase freeze-small 180 python3 -m pytest tests/gates/test_model.py -m gate --h3-model=small --h3-device=cuda --h3-freeze ${FORCE:+"$FORCE"} -q
 phase check-small 180 python3 -m pytest tests/gates/test_model.py -m gate --h3-model=small --h3-device=cuda -q --h3-out="$OUT/small"
 tar -cf "$OUT/thresholds.tar" thresholds
 for f in "$OUT"/tiny/results.json "$OUT"/small/results.json; do

@@ -5,6 +5,10 @@ Pinning must happen before anything in the worker touches CUDA (once the driver 
 entry of the *caller's* visible-GPU list at its own index — never ``device_count()`` modulo, which sends
 every worker to one GPU when the caller had narrowed the list. The controller publishes that list in
 ``H3GATE_CALLER_GPUS`` before it starts the workers, which inherit its environment.
+
+``--h3-workers-per-gpu K`` gives each GPU K workers (gw0..gwK-1 share the first): the kernel gate compiles a
+kernel for every shape class hypothesis draws, which is CPU-bound, so several compiling processes per GPU
+shorten it where one per GPU leaves the host's cores idle.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ def worker_index() -> int | None:
     return int(match.group(1)) if match else None
 
 
-def prepare(device_option: str) -> None:
+def prepare(device_option: str, per_gpu: int = 1) -> None:
     """Controller: publish the caller's GPU list. Worker: pin itself to its GPU (before CUDA is touched)."""
     if device_option == "cpu":
         return
@@ -43,20 +47,20 @@ def prepare(device_option: str) -> None:
     gpus = [gpu for gpu in os.environ.get(CALLER_GPUS, "").split(",") if gpu]
     if not gpus:
         return  # the caller saw no GPU: the worker runs on CPU like its controller
-    if index >= len(gpus):
+    if index >= len(gpus) * per_gpu:
         raise pytest.UsageError(
             f"xdist worker gw{index} has no GPU of its own: the caller sees {len(gpus)} GPU(s) "
-            f"({','.join(gpus)}); run with -n {len(gpus)} or -n auto"
+            f"({','.join(gpus)}) and gives each {per_gpu} worker(s); run with -n {len(gpus) * per_gpu} or -n auto"
         )
-    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index]
+    os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index // per_gpu]
 
 
-def auto_workers(device_option: str) -> int | None:
-    """``-n auto``: one worker per visible GPU; None (xdist's own choice) on CPU."""
+def auto_workers(device_option: str, per_gpu: int = 1) -> int | None:
+    """``-n auto``: ``per_gpu`` workers per visible GPU; None (xdist's own choice) on CPU."""
     if device_option == "cpu":
         return None
     gpus = caller_gpus()
-    return len(gpus) or None
+    return len(gpus) * per_gpu or None
 
 
 def parse_shard(spec: str) -> tuple[int, int]:

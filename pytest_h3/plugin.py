@@ -104,6 +104,14 @@ def pytest_addoption(parser):
         "INCOMPLETE ('ci': kernel, block, model; 'release': those plus generation seeds 42, 43, 44; default: ci)",
     )
     group.addoption(
+        "--h3-workers-per-gpu",
+        type=int,
+        default=1,
+        metavar="K",
+        help="with xdist: K workers share each GPU (-n auto starts K per GPU); worth it for the kernel gate, "
+        "whose time goes to compiling kernels on the host (default: 1)",
+    )
+    group.addoption(
         "--h3-shard",
         metavar="I/N",
         default=None,
@@ -121,7 +129,10 @@ def pytest_load_initial_conftests(early_config, parser, args):
     uninterpreted. This hook runs before any conftest is loaded.
     """
     option = early_config.known_args_namespace.h3_device
-    distribution.prepare(option)
+    per_gpu = early_config.known_args_namespace.h3_workers_per_gpu
+    if per_gpu < 1:
+        raise pytest.UsageError(f"--h3-workers-per-gpu={per_gpu}: give at least 1")
+    distribution.prepare(option, per_gpu)
     device = H3Session.resolve_device(option)
     if device == "cpu" and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
         os.environ["TRITON_INTERPRET"] = "1"
@@ -185,7 +196,7 @@ def pytest_runtest_makereport(item, call):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    return distribution.auto_workers(config.getoption("--h3-device"))
+    return distribution.auto_workers(config.getoption("--h3-device"), config.getoption("--h3-workers-per-gpu"))
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):

@@ -103,3 +103,22 @@ def test_workers_pin_to_the_callers_gpus(monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
     with pytest.raises(pytest.UsageError, match="gw2 has no GPU of its own: the caller sees 2"):
         distribution.prepare("auto")
+
+
+def test_workers_share_gpus_in_blocks(monkeypatch):
+    """With K workers per GPU, gw0..gwK-1 take the caller's first GPU, the next K its second."""
+    import os
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,6")
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    distribution.prepare("auto", per_gpu=3)
+    assert distribution.auto_workers("auto", per_gpu=3) == 6
+    pinned = []
+    for index in range(6):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", f"gw{index}")
+        distribution.prepare("auto", per_gpu=3)
+        pinned.append(os.environ["CUDA_VISIBLE_DEVICES"])
+    assert pinned == ["3", "3", "3", "6", "6", "6"]
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw6")
+    with pytest.raises(pytest.UsageError, match="gives each 3 worker"):
+        distribution.prepare("auto", per_gpu=3)

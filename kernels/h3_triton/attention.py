@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from h3_triton.interpret import INTERPRET, mma, to_dtype
+from h3_triton.tuning import Launcher, configs
 
 HEAD_DIMS = (32, 64, 128)
 DTYPES = (torch.bfloat16, torch.float32)
@@ -30,33 +31,14 @@ DTYPES = (torch.bfloat16, torch.float32)
 _INTERPRET_TILE = 128
 
 
-def _tuned(kernel, names: tuple[str, ...], rows: dict[int, tuple[tuple[int, ...], ...]]):
-    """Launcher ``(grid, *args, **meta)``: autotuned on a GPU, a fixed small tiling on the interpreter.
-
-    ``rows`` maps the element size of the kernel's first tensor to its candidate tilings: tile sizes for
-    ``names``, then num_warps and num_stages. Tuning is keyed on (S, D); Triton adds the dtypes to the key.
-    """
-    if INTERPRET:
-        fixed = dict.fromkeys(names, _INTERPRET_TILE)
-        return lambda grid, *args, **meta: kernel[grid](*args, **meta, **fixed)
-    by_size = {
-        size: [triton.Config(dict(zip(names, row[:-2])), num_warps=row[-2], num_stages=row[-1]) for row in size_rows]
-        for size, size_rows in rows.items()
-    }
-    first = kernel.arg_names[0]
-
-    def for_dtype(configs, named_args, **kwargs):
-        return by_size[named_args[first].element_size()]
-
-    # cache_results: the timings are kept on disk (keyed by triton version, GPU architecture, kernel source and
-    # tuning key), so a gate run does not re-tune shapes an earlier run tuned.
-    tuned = triton.autotune(configs=[c for cs in by_size.values() for c in cs], key=["S", "HEAD_DIM"],
-                            prune_configs_by={"early_config_prune": for_dtype}, cache_results=True)(kernel)
-    return lambda grid, *args, **meta: tuned[grid](*args, **meta)
+def _launcher(kernel, names: tuple[str, ...], rows: dict[int, tuple[tuple[int, ...], ...]]) -> Launcher:
+    """Tuned on (S, D) over ``rows``: per element size, tile sizes for ``names`` then num_warps, num_stages."""
+    tilings = {size: configs(size_rows, names) for size, size_rows in rows.items()}
+    return Launcher(kernel, tilings, key=["S", "HEAD_DIM"], interpreter=dict.fromkeys(names, _INTERPRET_TILE))
 
 
 # (tiles..., num_warps, num_stages) per element size. The forward's best measured on an H200 at S=38,222,
-# D=128 is BLOCK_M 128, BLOCK_N 128, 8 warps, 3 stages: 224 of the 227 KiB of shared memory at D=128, so
+# D=128 is BLOCK_M 128, BLOCK_N 128, 8 warps, 3 stages (first: the tiling of H3_TRITON_AUTOTUNE=0): 224 of the 227 KiB of shared memory at D=128, so
 # 4 stages only run with BLOCK_N 64. The sets stay small because each new S is tuned afresh. float32 dots
 # run as IEEE FMAs (no tensor cores): one tiling each that fits (the bf16 ones do not) and compiles in under
 # a minute, since float32 is a correctness path, not a speed path.
@@ -297,10 +279,10 @@ def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
              to_dtype(dq * sm_scale, DQ.dtype.element_ty, UPCAST), mask=rows)
 
 
-_fwd = _tuned(_fwd_kernel, ("BLOCK_M", "BLOCK_N"), _FWD_ROWS)
-_delta = _tuned(_delta_kernel, ("BLOCK_M",), _DELTA_ROWS)
-_dkdv = _tuned(_dkdv_kernel, ("BLOCK_M", "BLOCK_N"), _DKDV_ROWS)
-_dq = _tuned(_dq_kernel, ("BLOCK_M", "BLOCK_N"), _DQ_ROWS)
+_fwd = _launcher(_fwd_kernel, ("BLOCK_M", "BLOCK_N"), _FWD_ROWS)
+_delta = _launcher(_delta_kernel, ("BLOCK_M",), _DELTA_ROWS)
+_dkdv = _launcher(_dkdv_kernel, ("BLOCK_M", "BLOCK_N"), _DKDV_ROWS)
+_dq = _launcher(_dq_kernel, ("BLOCK_M", "BLOCK_N"), _DQ_ROWS)
 
 
 def _outer_strides(t: torch.Tensor) -> tuple[int, int, int]:

@@ -18,6 +18,7 @@ from h3gate.candidates import CandidateError, ProgramCandidate, source_digest
 
 from h3_triton import attention, elementwise, gemm, norm, rope
 from h3_triton.interpret import INTERPRET
+from h3_triton.tuning import AUTOTUNE
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
 
@@ -48,6 +49,7 @@ class H3Triton(ProgramCandidate):
             "replaced_ops": sorted(op for op, fn in self.kernels.items() if KERNEL_OPS.get(op) is not fn),
             "triton": triton.__version__,
             "interpreter": INTERPRET,
+            "tiling": "autotuned" if AUTOTUNE else "first",
         }
 
     def install(self, transformer):

@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from h3_triton.interpret import INTERPRET, mma, to_dtype
+from h3_triton.tuning import Launcher, configs
 
 DTYPES = (torch.bfloat16, torch.float32)
 
@@ -108,36 +109,36 @@ def _gemm_kernel(
     tl.store(c_ptrs, to_dtype(acc, c_ptr.dtype.element_ty, INTERPRETED), mask=in_c)
 
 
-def _launcher(configs: list[tuple[int, int, int, int]], interpreter_block_m: int):
-    """Launcher ``(grid, *args, **meta)``: autotuned over ``configs`` keyed on the GEMM's sizes on a GPU.
+def _launcher(bf16_rows: list[tuple[int, int, int, int]], fp32_rows: list[tuple[int, int, int, int]],
+              interpreter_block_m: int) -> Launcher:
+    """Tuned on the GEMM's sizes over rows of (BLOCK_M, BLOCK_N, num_warps, num_stages) per dtype, best first.
 
-    A config is (BLOCK_M, BLOCK_N, num_warps, num_stages). BLOCK_K is 64 in every config, so the reduction
-    order along K, and thus the result bits, do not depend on which config the tuner picks.
-    Under the interpreter, fixed tiles and no tuning; 64 wide, since the interpreter's cost is per program and
-    per step, not per element, and ragged test sizes still end in a partial tile along every axis.
+    BLOCK_K is 64 in every config, so the reduction order along K, and thus the result bits, do not depend on
+    which config the tuner picks. float32 tiles take twice the shared memory per element, so they get their own
+    smaller rows (the bfloat16 ones do not fit 227 KiB); float32 is a correctness path, not a speed path.
+    Under the interpreter, fixed tiles 64 deep and 128 wide: its cost is per program and per step, not per
+    element, and ragged test sizes still end in a partial tile along every axis.
     """
-    if INTERPRET:
-        fixed = {"BLOCK_M": interpreter_block_m, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8}
-        return lambda grid, *args, **meta: _gemm_kernel[grid](*args, **meta, **fixed)
-    tuned = triton.autotune(
-        configs=[
-            triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=w, num_stages=s)
-            for bm, bn, w, s in configs
-        ],
+    fixed = {"BLOCK_K": 64, "GROUP_M": 8}
+    return Launcher(
+        _gemm_kernel,
+        {2: configs(bf16_rows, ("BLOCK_M", "BLOCK_N"), **fixed), 4: configs(fp32_rows, ("BLOCK_M", "BLOCK_N"), **fixed)},
         key=["M", "N", "K_OUTER", "K_INNER"],
-        cache_results=True,  # timings kept on disk by triton version, GPU architecture, source and shape
-    )(_gemm_kernel)
-    return lambda grid, *args, **meta: tuned[grid](*args, **meta)
+        interpreter={"BLOCK_M": interpreter_block_m, "BLOCK_N": 128, **fixed},
+    )
 
 
-_TILED = _launcher([
-    (128, 256, 8, 3), (256, 128, 8, 3), (128, 256, 8, 4), (256, 128, 8, 4),
-    (128, 128, 8, 3), (128, 128, 4, 4), (128, 128, 8, 4),
-], interpreter_block_m=128)
+_TILED = _launcher(
+    [(128, 256, 8, 3), (256, 128, 8, 3), (128, 256, 8, 4), (128, 128, 8, 3), (128, 128, 4, 4), (128, 128, 8, 4)],
+    [(128, 64, 8, 3), (64, 128, 8, 3), (64, 64, 4, 3)],
+    interpreter_block_m=128,
+)
 # GEMV-like: memory bound, a 16-row tile spans all rows and each program streams a BLOCK_N slice of B.
-_SKINNY = _launcher([
-    (16, 64, 4, 3), (16, 64, 4, 5), (16, 128, 4, 3), (16, 128, 4, 5), (16, 256, 4, 3), (16, 256, 8, 4),
-], interpreter_block_m=_SKINNY_ROWS)
+_SKINNY = _launcher(
+    [(16, 64, 4, 3), (16, 64, 4, 5), (16, 128, 4, 3), (16, 128, 4, 5), (16, 256, 4, 3), (16, 256, 8, 4)],
+    [(16, 64, 4, 3), (16, 128, 4, 3)],
+    interpreter_block_m=_SKINNY_ROWS,
+)
 
 
 class _Axis(NamedTuple):

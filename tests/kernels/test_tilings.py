@@ -1,0 +1,72 @@
+"""Every tiling the autotuner may pick is correct, not only the one a run happened to choose.
+
+Each config of each tuned launcher is forced in turn and the op that launches it is checked by the kernel
+gate's own rule (error against float64 vs torch's, bitwise repeatability, NaN padding) at the op's explicit
+example shape, which is ragged against every tile size. On a GPU every config runs (warps and stages change
+the generated code); under the interpreter only the tile sizes matter, so configs that share them run once.
+"""
+
+import pytest
+import torch
+import triton
+
+from h3_triton import attention, gemm
+from h3_triton.backend import KERNEL_OPS
+from h3_triton.interpret import INTERPRET
+from h3_triton.tuning import LAUNCHERS
+from h3gate.gates.kernel import OP_SPECS, evaluate
+
+DEVICE = "cpu" if INTERPRET else "cuda"
+GEMMS = (gemm._TILED, gemm._SKINNY)
+USERS = {
+    "attention": (attention._fwd, attention._delta, attention._dkdv, attention._dq),
+    "linear": GEMMS,
+    "silu_linear": GEMMS,
+}
+DTYPES = {2: torch.bfloat16, 4: torch.float32}
+
+
+def _label(config) -> str:
+    tiles = "_".join(f"{k.removeprefix('BLOCK_')}{v}" for k, v in config.kwargs.items() if k.startswith("BLOCK_"))
+    return f"{tiles}_w{config.num_warps}_s{config.num_stages}"
+
+
+def _cases():
+    for op, launchers in USERS.items():
+        for launcher in launchers:
+            for size, configs in launcher.tilings.items():
+                seen = set()
+                for config in configs:
+                    tiles = tuple(sorted(config.kwargs.items()))
+                    if INTERPRET and tiles in seen:
+                        continue
+                    seen.add(tiles)
+                    dtype = DTYPES[size]
+                    yield pytest.param(op, launcher, dtype, config,
+                                       id=f"{op}-{launcher.name}-{str(dtype)[6:]}-{_label(config)}")
+
+
+def test_every_launcher_is_swept():
+    assert {id(launcher) for launchers in USERS.values() for launcher in launchers} == {id(x) for x in LAUNCHERS}
+
+
+def test_forcing_reaches_the_launch(monkeypatch):
+    """The sweep is only worth something if the forced tiling is the one launched."""
+    launched = []
+    grid = attention._grid
+    monkeypatch.setattr(attention, "_grid", lambda B, H, S, block: lambda meta: launched.append(meta[block]) or grid(B, H, S, block)(meta))
+    q = torch.randn(1, 40, 1, 32, device=DEVICE)
+    with attention._fwd.forcing(triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)):
+        out = attention.attention(q, q, q)
+    assert launched == [16]
+    expected = torch.nn.functional.scaled_dot_product_attention(*(q.transpose(1, 2),) * 3).transpose(1, 2)
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("op, launcher, dtype, config", list(_cases()))
+def test_tiling(op, launcher, dtype, config):
+    spec = OP_SPECS[op]
+    with launcher.forcing(config):
+        checks = evaluate(spec, KERNEL_OPS[op], spec.examples[0], dtype, DEVICE, seed=0)
+    failed = [c.line() for c in checks if not c.passed]
+    assert checks and not failed, "\n".join(failed)
