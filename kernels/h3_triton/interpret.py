@@ -32,15 +32,18 @@ if INTERPRET and not isinstance(tl.cdiv, InterpretedFunction):
 def mma(a, b, acc, UPCAST: tl.constexpr):
     """``acc + a @ b`` with float32 accumulation; float32 operands use IEEE products, never TF32.
 
-    An IEEE float32 dot on a GPU is a chain of FMAs along K; chained into ``acc`` it would make a reduction
-    over all of K one sequential sum, whose error grows with K (on an H200 a 467-row weight gradient came out
-    3x worse than cuBLAS's). Each tile's dot therefore starts from zero and is added to ``acc``: the error grows
-    with the tile depth plus the number of tiles. bfloat16 tensor-core dots accumulate into ``acc`` directly.
+    An IEEE float32 dot on a GPU is a chain of FMAs along K; chained into ``acc`` it makes a reduction over
+    all of K one sequential sum, whose error grows with K (on an H200 a 467-row weight gradient came out 3x
+    worse than cuBLAS's). Each tile's dot therefore sums on its own and is then added to ``acc``: the error
+    grows with the tile depth plus the number of tiles. Its accumulator is ``acc * 0`` rather than zeros,
+    because Triton rewrites ``dot(a, b, zeros) + acc`` into ``dot(a, b, acc)`` (its Combine pass), which would
+    undo the split; ``acc * 0`` is not a constant it may fold. bfloat16 tensor-core dots accumulate into
+    ``acc`` directly.
     """
     if UPCAST:
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     elif a.dtype == tl.float32:
-        return acc + tl.dot(a, b, input_precision="ieee")
+        return acc + tl.dot(a, b, acc * 0.0, input_precision="ieee")
     else:
         return tl.dot(a, b, acc)
 

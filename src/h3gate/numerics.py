@@ -14,7 +14,7 @@ bitwise equal to the provider); the bounds module drops such duplicates and reco
 from __future__ import annotations
 
 import contextlib
-import warnings
+import os
 from dataclasses import dataclass
 from typing import Callable
 
@@ -145,20 +145,21 @@ def activate(mode: Mode):
 
 @contextlib.contextmanager
 def deterministic():
-    """torch's deterministic algorithms for the body (warn-only: cuBLAS needs an environment variable set before
-    CUDA starts to be strictly deterministic), the previous setting restored afterwards, also on error.
+    """torch's deterministic algorithms, strictly, for the body; the previous setting restored afterwards, also
+    on error.
 
     Not a mode: on CUDA the provider's own backward scatters gradients with atomics (index_select's backward,
-    the AdaLN table gradients), so two provider runs differ in the last bits; checks that compare two runs
-    bitwise run both inside this.
+    the AdaLN table gradients, flash attention's dq), so two provider runs differ in the last bits; checks that
+    compare two runs bitwise run both inside this. Strict, not warn-only: warn-only leaves flash attention's
+    backward on its atomic path (two H200 runs differed in the query gradient). cuBLAS is deterministic only
+    with a fixed workspace, named by ``CUBLAS_WORKSPACE_CONFIG``; it is set here when the caller has not.
     """
     enabled = torch.are_deterministic_algorithms_enabled()
     warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True)
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*deterministic.*")
-            yield
+        yield
     finally:
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
