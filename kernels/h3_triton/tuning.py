@@ -23,7 +23,18 @@ import triton
 
 from h3_triton.interpret import INTERPRET
 
-AUTOTUNE: bool = os.environ.get("H3_TRITON_AUTOTUNE", "1") not in ("", "0")
+
+def _autotune_setting() -> bool:
+    value = os.environ.get("H3_TRITON_AUTOTUNE", "1")
+    if value not in ("0", "1"):
+        raise ValueError(
+            f"H3_TRITON_AUTOTUNE={value!r}: set it to 1 (autotune each shape, the default) or 0 (the first tiling "
+            "of every kernel, no timing runs)"
+        )
+    return value == "1"
+
+
+AUTOTUNE: bool = _autotune_setting()
 
 LAUNCHERS: list["Launcher"] = []
 

@@ -6,6 +6,10 @@ example shape, which is ragged against every tile size. On a GPU every config ru
 the generated code); under the interpreter only the tile sizes matter, so configs that share them run once.
 """
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import triton
@@ -70,3 +74,15 @@ def test_tiling(op, launcher, dtype, config):
         checks = evaluate(spec, KERNEL_OPS[op], spec.examples[0], dtype, DEVICE, seed=0)
     failed = [c.line() for c in checks if not c.passed]
     assert checks and not failed, "\n".join(failed)
+
+
+@pytest.mark.parametrize("value, ok", [("0", True), ("1", True), ("false", False), ("", False)])
+def test_autotune_setting_is_zero_or_one(value, ok):
+    """A misspelt setting must not silently keep autotuning."""
+    env = {**os.environ, "H3_TRITON_AUTOTUNE": value}
+    run = subprocess.run([sys.executable, "-c", "import h3_triton.tuning as t; print(t.AUTOTUNE)"], env=env,
+                         capture_output=True, text=True)
+    if ok:
+        assert run.returncode == 0 and run.stdout.strip() == str(value == "1"), run.stderr
+    else:
+        assert run.returncode != 0 and "set it to 1" in run.stderr
