@@ -93,6 +93,7 @@ def run_kernel(item):
             session.candidate,
             item.params["op"],
             session.device,
+            dtypes=(item.params["dtype"],) if "dtype" in item.params else tuple(kernel_gate.DTYPES),
             max_examples=session.config.getoption("--h3-kernel-examples"),
             progress=bar.step,
         )

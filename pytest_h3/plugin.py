@@ -7,6 +7,7 @@ fixture that runs the engine for the marked gate, JUnit properties, and the sess
 
 from __future__ import annotations
 
+import itertools
 import os
 import shlex
 import sys
@@ -19,10 +20,10 @@ from pytest_h3.session import H3Session, SESSION_KEY
 
 MARKER_HELP = (
     "h3_gate(kind, **params): a qualification gate of kind kernel, block, model, generation or power; list params "
-    "(seeds=[...], blocks=[...], ops=[...]) become one test item per value"
+    "(seeds=[...], blocks=[...], ops=[...] with dtypes=[...]) become one test item per value"
 )
 # List params of the h3_gate marker: the name each item's value takes, and the prefix of its test id.
-_PARAM_IDS = {"seeds": ("seed", "seed"), "blocks": ("block", "block"), "ops": ("op", "")}
+_PARAM_IDS = {"seeds": ("seed", "seed"), "blocks": ("block", "block"), "ops": ("op", ""), "dtypes": ("dtype", "")}
 
 
 def pytest_addoption(parser):
@@ -224,11 +225,13 @@ def pytest_generate_tests(metafunc):
         raise pytest.UsageError(str(error)) from None
     if not lists:
         return
-    (key, values), = lists.items()
-    name, prefix = _PARAM_IDS[key]
-    metafunc.parametrize(
-        "h3_gate", [{name: value} for value in values], ids=[f"{prefix}{value}" for value in values], indirect=True
-    )
+    # One item per combination (the kernel gate's ops x dtypes), ids joined with '-': test_kernel[attention-float32].
+    combinations = itertools.product(*([(key, value) for value in values] for key, values in lists.items()))
+    params, ids = [], []
+    for combination in combinations:
+        params.append({_PARAM_IDS[key][0]: value for key, value in combination})
+        ids.append("-".join(f"{_PARAM_IDS[key][1]}{value}" for key, value in combination))
+    metafunc.parametrize("h3_gate", params, ids=ids, indirect=True)
 
 
 @pytest.fixture

@@ -87,14 +87,17 @@ class H3Session:
 
         if kind not in RUNNERS:
             raise ValueError(f"{where}: unknown gate kind {kind!r}; kinds: {', '.join(RUNNERS)}")
-        if len(lists) > 1:
-            raise ValueError(f"{where}: one list parameter per gate test, got {sorted(lists)}")
+        if len(lists) > 1 and set(lists) != {"ops", "dtypes"}:
+            raise ValueError(f"{where}: one list parameter per gate test (or the kernel gate's ops with dtypes), "
+                             f"got {sorted(lists)}")
+        if "dtypes" in lists and kind != "kernel":
+            raise ValueError(f"{where}: dtypes=[...] applies to the kernel gate only")
         if lists.get("blocks") == "all":
             lists = {**lists, "blocks": list(range(self.model_config()["num_layers"]))}
         for key, values in lists.items():
             if not isinstance(values, (list, tuple)) or not values:
                 raise ValueError(f"{where}: {key} must be a non-empty list, got {values!r}")
-            element = str if key == "ops" else int
+            element = str if key in ("ops", "dtypes") else int
             if any(isinstance(v, bool) or not isinstance(v, element) for v in values):
                 raise ValueError(f"{where}: {key} must be a list of {element.__name__}, got {values!r}")
             duplicates = sorted({v for v in values if list(values).count(v) > 1})
@@ -111,6 +114,12 @@ class H3Session:
                 unknown = [v for v in values if v not in OPS]
                 if unknown:
                     raise ValueError(f"{where}: unknown kernel ops {unknown}; ops: {', '.join(OPS)}")
+            if key == "dtypes":
+                from h3gate.gates.kernel import DTYPES
+
+                unknown = [v for v in values if v not in DTYPES]
+                if unknown:
+                    raise ValueError(f"{where}: unknown kernel dtypes {unknown}; dtypes: {', '.join(DTYPES)}")
         return lists
 
     # Session start and end ------------------------------------------------------------------------------

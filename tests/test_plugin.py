@@ -52,10 +52,27 @@ def test_seeded(h3_gate):
     result.stdout.fnmatch_lines(["test_seeds.py::test_seeded[seed42]", "test_seeds.py::test_seeded[seed43]"])
 
 
+def test_kernel_ops_and_dtypes_become_one_item_each(project):
+    project.makepyfile(
+        test_ops="""
+import pytest
+
+@pytest.mark.h3_gate("kernel", ops=["swiglu", "attention"], dtypes=["bfloat16", "float32"])
+def test_kernel(h3_gate):
+    pass
+"""
+    )
+    result = _run(project, "--collect-only", "-q", "-m", "gate", "test_ops.py")
+    result.stdout.fnmatch_lines([f"test_ops.py::test_kernel[{op}-{dtype}]" for op in ("swiglu", "attention")
+                                 for dtype in ("bfloat16", "float32")])
+
+
 @pytest.mark.parametrize(
     "params, message",
     [
         ("seeds=[]", "seeds must be a non-empty list"),
+        ("seeds=[42], blocks=[0]", "one list parameter per gate test"),
+        ("dtypes=['float32']", "dtypes=[[]...[]] applies to the kernel gate only"),
         ("seeds=[42, 42]", "seeds lists [[]42[]] more than once"),
         ("blocks=[0, 2]", "block indices [[]2[]] out of range: the model has blocks 0..1"),
         ("blocks=[-1]", "block indices [[]-1[]] out of range"),
@@ -72,6 +89,19 @@ def test_bad(h3_gate):
     result = _run(project, "--collect-only", "test_bad.py")
     assert result.ret != 0
     result.stdout.fnmatch_lines([f"*{message}*"])
+
+
+def test_unknown_kernel_dtype(project):
+    project.makepyfile(test_dtype="""
+import pytest
+
+@pytest.mark.h3_gate("kernel", ops=["swiglu"], dtypes=["float16"])
+def test_kernel(h3_gate):
+    pass
+""")
+    result = _run(project, "--collect-only", "test_dtype.py")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*unknown kernel dtypes [[]'float16'[]]; dtypes: bfloat16, float32*"])
 
 
 def test_unknown_kind(project):
