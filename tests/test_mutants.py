@@ -93,3 +93,11 @@ def test_each_mutant_changes_its_op():
             again = torch.autograd.grad(broken(**args).sum(), [args[n] for n in built["grads"]])
             differs = any(not torch.equal(a, b) for a, b in zip(bad_grads, again))
         assert differs, f"{mutant.name} computes exactly what its base computes"
+
+
+def test_kernel_gate_of_one_dtype_says_so_and_checks_only_it():
+    result = kernel_gate.check(ProviderCandidate(), "swiglu", "cpu", dtypes=("float32",), max_examples=1)
+    assert result.params == {"op": "swiglu", "dtype": "float32"}
+    assert {c.detail["dtype"] for c in result.checks} == {"float32"}
+    with pytest.raises(ValueError, match="give one or more of bfloat16, float32"):
+        kernel_gate.check(ProviderCandidate(), "swiglu", "cpu", dtypes=("float16",))

@@ -140,8 +140,15 @@ def _delta_kernel(O, DO, DELTA,
                   stride_ob, stride_os, stride_oh,
                   stride_dob, stride_dos, stride_doh,
                   H, S,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr):
-    """delta = rowsum(dO * O) in float32, the row term of dS = P * (dP - delta)."""
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, UPCAST: tl.constexpr):
+    """delta = rowsum(dO * O) in float32, the row term of dS = P * (dP - delta).
+
+    For float32, delta is the diagonal of dO @ O^T: the same dot, and so the same chain of FMAs along head_dim,
+    that computes dP = dO @ V^T. Where a row's output equals a value row (one key, or attention peaked on one
+    key) dP - delta then cancels to exactly what it is in exact arithmetic, zero; a plain sum rounds in another
+    order, and the difference of the two roundings (a few ULP of |dO||V|) reached dQ and dK on an H200.
+    bfloat16 outputs are rounded before delta sees them, so they keep the cheaper elementwise sum.
+    """
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -151,7 +158,11 @@ def _delta_kernel(O, DO, DELTA,
                 mask=rows, other=0.0)
     do = tl.load(DO + _heads_base(pid_bh, H, stride_dob, stride_doh) + offs_m[:, None] * stride_dos
                  + offs_d[None, :], mask=rows, other=0.0)
-    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
+    if O.dtype.element_ty == tl.float32:
+        products = mma(do, tl.trans(o), tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32), UPCAST)
+        delta = tl.sum(tl.where(offs_m[:, None] == offs_m[None, :], products, 0.0), 1)
+    else:
+        delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
     tl.store(DELTA + pid_bh.to(tl.int64) * S + offs_m, delta, mask=offs_m < S)
 
 
@@ -345,7 +356,7 @@ class _FlashAttention(torch.autograd.Function):
         _delta(
             _grid(B, H, S, "BLOCK_M"),
             o, do, delta, *_outer_strides(o), *_outer_strides(do), H, S,
-            HEAD_DIM=D,
+            HEAD_DIM=D, UPCAST=INTERPRET,
         )
         dq = torch.empty((B, S, H, D), dtype=q.dtype, device=q.device)
         dk = torch.empty_like(dq)

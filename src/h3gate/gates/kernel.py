@@ -351,9 +351,14 @@ def check(
     ops = candidate.kernel_ops()
     if op not in OP_SPECS:
         raise ValueError(f"unknown kernel op {op!r}; ops: {', '.join(OPS)}")
+    unknown = [d for d in dtypes if d not in DTYPES]
+    if unknown or not dtypes:
+        raise ValueError(f"kernel dtypes {list(dtypes)}: give one or more of {', '.join(DTYPES)}")
+    # A search over some of the dtypes says so in its params (the pytest item of one op and one dtype).
+    params = {"op": op} if set(dtypes) == set(DTYPES) else {"op": op, "dtype": "+".join(dtypes)}
     if op not in ops:
         missing = Check(op, "missing", 1.0, 0.0, False, {"reason": f"candidate {candidate.name} offers no standalone {op}"})
-        return GateResult(GATE, {"op": op}, [missing], {"candidate": candidate.identity()})
+        return GateResult(GATE, params, [missing], {"candidate": candidate.identity()})
     spec = OP_SPECS[op]
     limits = limits or (GPU_LIMITS if torch.device(device).type == "cuda" else INTERPRETER_LIMITS)
     kept: dict[str, Check] = {}
@@ -397,7 +402,7 @@ def check(
             keep(failure)  # the shrunk (minimal) failing example's checks
     return GateResult(
         GATE,
-        {"op": op},
+        params,
         list(kept.values()),
         {"candidate": candidate.identity(), "rule": f"error <= {ERROR_FACTOR} x torch's + {FLOOR_ULPS} ULP"},
         {"examples": examples["count"]},
