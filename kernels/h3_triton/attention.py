@@ -37,11 +37,11 @@ def _launcher(kernel, names: tuple[str, ...], rows: dict[int, tuple[tuple[int, .
     return Launcher(kernel, tilings, key=["S", "HEAD_DIM"], interpreter=dict.fromkeys(names, _INTERPRET_TILE))
 
 
-# (tiles..., num_warps, num_stages) per element size. The forward's best measured on an H200 at S=38,222,
-# D=128 is BLOCK_M 128, BLOCK_N 128, 8 warps, 3 stages (first: the tiling of H3_TRITON_AUTOTUNE=0): 224 of the 227 KiB of shared memory at D=128, so
-# 4 stages only run with BLOCK_N 64. The sets stay small because each new S is tuned afresh. float32 dots
-# run as IEEE FMAs (no tensor cores): one tiling each that fits (the bf16 ones do not) and compiles in under
-# a minute, since float32 is a correctness path, not a speed path.
+# (tiles..., num_warps, num_stages) per element size, the tiling of H3_TRITON_AUTOTUNE=0 first. The forward's
+# best measured on an H200 at S=38,222, D=128 is BLOCK_M 128, BLOCK_N 128, 8 warps, 3 stages: 224 of the
+# 227 KiB of shared memory at D=128, so 4 stages only run with BLOCK_N 64. The sets stay small because each
+# new S is tuned afresh. float32 dots run as IEEE FMAs (no tensor cores): one tiling each that fits (the bf16
+# ones do not) and compiles in under a minute, since float32 is a correctness path, not a speed path.
 _FWD_ROWS = {
     2: ((128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 4, 3),
         (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 64, 8, 4)),

@@ -111,7 +111,7 @@ def _gemm_kernel(
 
 def _launcher(bf16_rows: list[tuple[int, int, int, int]], fp32_rows: list[tuple[int, int, int, int]],
               interpreter_block_m: int) -> Launcher:
-    """Tuned on the GEMM's sizes over rows of (BLOCK_M, BLOCK_N, num_warps, num_stages) per dtype, best first.
+    """Tuned on the GEMM's sizes over rows of (BLOCK_M, BLOCK_N, num_warps, num_stages) per dtype, preferred first.
 
     BLOCK_K is 64 in every config, so the reduction order along K, and thus the result bits, do not depend on
     which config the tuner picks. float32 tiles take twice the shared memory per element, so they get their own

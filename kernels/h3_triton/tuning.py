@@ -5,9 +5,10 @@ Triton's own ``triton.autotune`` does the timing; its results are kept on disk (
 triton version, GPU architecture, kernel source and tuning key), so a run does not re-tune what an earlier
 run on the same machine tuned.
 
-``H3_TRITON_AUTOTUNE=0`` (read at import) pins every kernel to the first tiling of its list, the fastest
-measured at release shapes on an H200: no timing runs, and the tiling, and so the bits of kernels whose
-reduction order follows it (attention's key blocks), no longer depend on timings a machine happened to measure.
+``H3_TRITON_AUTOTUNE=0`` (read at import) pins every kernel to the first tiling of its list (for the attention
+forward and the tiled GEMM the fastest measured at release shapes on an H200): no timing runs, and the tiling,
+and so the bits of kernels whose reduction order follows it (attention's key blocks), no longer depend on
+timings a machine happened to measure.
 The kernel gate on a GPU runs this way (tuning every hypothesis-drawn shape afresh costs minutes per op), and
 ``tests/kernels/test_tilings.py`` runs every tiling of every launcher (:data:`LAUNCHERS`) through
 :meth:`Launcher.forcing`, so no tiling the autotuner may pick goes unchecked.
@@ -43,7 +44,8 @@ class Launcher:
     """Launches ``kernel[grid](*args, **meta)`` with a tiling from ``tilings``.
 
     ``tilings`` maps the element size of the kernel's first tensor argument (2: bfloat16, 4: float32) to its
-    candidate configs, best first; ``key`` names the arguments the autotuner keys on (Triton adds the dtypes).
+    candidate configs, the preferred first; ``key`` names the arguments the autotuner keys on (Triton adds the
+    dtypes).
     Under the interpreter the tiling is ``interpreter`` (the interpreter's cost is per program and per step, not
     per element, so it gets few large tiles).
     """

@@ -58,7 +58,9 @@ def test_forcing_reaches_the_launch(monkeypatch):
     """The sweep is only worth something if the forced tiling is the one launched."""
     launched = []
     grid = attention._grid
-    monkeypatch.setattr(attention, "_grid", lambda B, H, S, block: lambda meta: launched.append(meta[block]) or grid(B, H, S, block)(meta))
+    monkeypatch.setattr(
+        attention, "_grid", lambda B, H, S, block: lambda meta: launched.append(meta[block]) or grid(B, H, S, block)(meta)
+    )
     q = torch.randn(1, 40, 1, 32, device=DEVICE)
     with attention._fwd.forcing(triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)):
         out = attention.attention(q, q, q)
