@@ -108,18 +108,13 @@ class H3Session:
                 bad = [v for v in values if not 0 <= v < layers]
                 if bad:
                     raise ValueError(f"{where}: block indices {bad} out of range: the model has blocks 0..{layers - 1}")
-            if key == "ops":
-                from h3gate.gates.kernel import OPS
+            if key in ("ops", "dtypes"):
+                from h3gate.gates import kernel
 
-                unknown = [v for v in values if v not in OPS]
+                known = {"ops": kernel.OPS, "dtypes": kernel.DTYPES}[key]
+                unknown = [v for v in values if v not in known]
                 if unknown:
-                    raise ValueError(f"{where}: unknown kernel ops {unknown}; ops: {', '.join(OPS)}")
-            if key == "dtypes":
-                from h3gate.gates.kernel import DTYPES
-
-                unknown = [v for v in values if v not in DTYPES]
-                if unknown:
-                    raise ValueError(f"{where}: unknown kernel dtypes {unknown}; dtypes: {', '.join(DTYPES)}")
+                    raise ValueError(f"{where}: unknown kernel {key} {unknown}; {key}: {', '.join(known)}")
         return lists
 
     # Session start and end ------------------------------------------------------------------------------

@@ -61,7 +61,9 @@ class Launcher:
             self._tuned = triton.autotune(
                 configs=[c for configs in tilings.values() for c in configs],
                 key=key,
-                prune_configs_by={"early_config_prune": lambda configs, named_args, **_: self._suiting(named_args)},
+                prune_configs_by={
+                    "early_config_prune": lambda configs, named_args, **_: self._suiting(named_args[self._first_arg])
+                },
                 cache_results=True,
             )(kernel)
         LAUNCHERS.append(self)
@@ -70,8 +72,8 @@ class Launcher:
     def name(self) -> str:
         return self.kernel.__name__
 
-    def _suiting(self, named_args: dict) -> list[triton.Config]:
-        return self.tilings[named_args[self._first_arg].element_size()]
+    def _suiting(self, first_tensor) -> list[triton.Config]:
+        return self.tilings[first_tensor.element_size()]
 
     def __call__(self, grid, *args, **meta):
         if self._forced is not None:
@@ -79,8 +81,7 @@ class Launcher:
         if INTERPRET:
             return self.kernel[grid](*args, **meta, **self.interpreter)
         if not AUTOTUNE:
-            first = self._suiting(dict(zip(self.kernel.arg_names, args)))[0]
-            return self.kernel[grid](*args, **meta, **first.all_kwargs())
+            return self.kernel[grid](*args, **meta, **self._suiting(args[0])[0].all_kwargs())
         return self._tuned[grid](*args, **meta)
 
     @contextmanager
