@@ -1,14 +1,16 @@
 """How each kernel's tiling is chosen: Triton's autotuner on a GPU, one fixed tiling under the interpreter.
 
 Every tuned kernel of this package launches through a :class:`Launcher`, which owns its list of tilings.
-Triton's own ``triton.autotune`` does the timing; its results are kept on disk (``cache_results``: keyed by
-triton version, GPU architecture, kernel source and tuning key), so a run does not re-tune what an earlier
-run on the same machine tuned.
+Triton's ``triton.autotune`` does the timing; the tilings it picks are kept in a :class:`TuningStore`, one JSON
+file per GPU name and triton version (:func:`store_path`), so a run does not re-tune what an earlier run on the
+same GPU model tuned. Triton's own ``cache_results`` is not used: it keys by GPU architecture, so an H100 and an
+H200 sharing ``~/.triton`` would run each other's tilings. A stored tiling is only taken if it is still in the
+launcher's list; anything else is tuned afresh.
 
 ``H3_TRITON_AUTOTUNE=0`` (read at import) pins every kernel to the first tiling of its list (for the attention
-forward and the tiled GEMM the fastest measured at release shapes on an H200): no timing runs, and the tiling,
-and so the bits of kernels whose reduction order follows it (attention's key blocks), no longer depend on
-timings a machine happened to measure.
+forward and the tiled GEMM the fastest measured at release shapes on an H200): no timing runs, nothing is read or
+written, and the tiling, and so the bits of kernels whose reduction order follows it (attention's key blocks), no
+longer depend on timings a machine happened to measure.
 The kernel gate on a GPU runs this way (tuning every hypothesis-drawn shape afresh costs minutes per op), and
 ``tests/kernels/test_tilings.py`` runs every tiling of every launcher (:data:`LAUNCHERS`) through
 :meth:`Launcher.forcing`, so no tiling the autotuner may pick goes unchecked.
@@ -16,11 +18,19 @@ The kernel gate on a GPU runs this way (tuning every hypothesis-drawn shape afre
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import re
+import tempfile
 from contextlib import contextmanager
+from functools import cached_property
+from pathlib import Path
 from typing import Iterator
 
+import torch
 import triton
+from filelock import FileLock
 
 from h3_triton.interpret import INTERPRET
 
@@ -38,6 +48,82 @@ def _autotune_setting() -> bool:
 AUTOTUNE: bool = _autotune_setting()
 
 LAUNCHERS: list["Launcher"] = []
+
+_KEY_SCALARS = (bool, int, float, str)
+
+
+def store_path(device_name: str) -> Path:
+    """The store of one GPU model and triton version, under ``H3_TRITON_TUNING_DIR`` (read at each call)."""
+    root = Path(os.environ.get("H3_TRITON_TUNING_DIR", "~/.cache/h3_triton/tunings")).expanduser()
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-")
+    return root / slug / f"triton-{triton.__version__}.json"
+
+
+def _described(config_kwargs: dict) -> str:
+    """A config as everything it passes to the launch (tile sizes, warps, stages...), comparable as a string."""
+    return json.dumps(config_kwargs, sort_keys=True)
+
+
+class TuningStore:
+    """Tuned configs in one JSON file: ``{group: [{"key": [...], "config": {...}}, ...]}``.
+
+    A group is one launcher's (:meth:`Launcher.group`); a key is the autotuner's tuning key (the key arguments'
+    values, then every tensor argument's dtype as a string); a config is stored as its ``all_kwargs()``, so an
+    entry can only ever be read back as that very tiling. pytest-xdist workers share the file: writes lock it,
+    merge into what is there and replace it whole, so readers never see half a file and no worker drops
+    another's entries.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+
+    def load(self, group: str, configs: list[triton.Config]) -> dict[tuple, triton.Config]:
+        """The group's entries whose config is one of ``configs``; the others are left to be tuned again."""
+        by_description = {_described(config.all_kwargs()): config for config in configs}
+        found = {}
+        for entry in self._read().get(group, []):
+            config = by_description.get(_described(entry["config"]))
+            if config is not None:
+                found[tuple(entry["key"])] = config
+        return found
+
+    def save(self, group: str, tuned: dict[tuple, triton.Config]) -> None:
+        """Adds ``tuned`` to the group, replacing entries of the same keys, under the file's lock."""
+        for key in tuned:
+            if not all(isinstance(value, _KEY_SCALARS) for value in key):
+                raise TypeError(f"tuning key {key!r}: only bool, int, float and str values survive JSON unchanged")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(f"{self.path}.lock"):
+            data = self._read()
+            entries = {tuple(entry["key"]): entry for entry in data.get(group, [])}
+            entries.update({key: {"key": list(key), "config": config.all_kwargs()} for key, config in tuned.items()})
+            data[group] = list(entries.values())
+            fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as file:
+                    json.dump(data, file, indent=1)
+                os.replace(temporary, self.path)
+            except BaseException:
+                os.unlink(temporary)
+                raise
+
+    def _read(self) -> dict[str, list[dict]]:
+        try:
+            data = json.loads(self.path.read_text())
+            if not (isinstance(data, dict) and all(isinstance(entries, list) and all(map(_valid, entries))
+                                                   for entries in data.values())):
+                raise ValueError("not a mapping of groups to lists of {key, config} entries")
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as error:
+            raise RuntimeError(f"tuning store {self.path} is unreadable ({error}): delete it (its kernels are "
+                               "tuned again)") from error
+        return data
+
+
+def _valid(entry) -> bool:
+    return (isinstance(entry, dict) and isinstance(entry.get("config"), dict) and isinstance(entry.get("key"), list)
+            and all(isinstance(value, _KEY_SCALARS) for value in entry["key"]))
 
 
 class Launcher:
@@ -57,6 +143,7 @@ class Launcher:
         self._forced: triton.Config | None = None
         self._first_arg = kernel.arg_names[0]
         self._tuned = None
+        self._store: TuningStore | None = None
         if not INTERPRET:
             self._tuned = triton.autotune(
                 configs=[c for configs in tilings.values() for c in configs],
@@ -64,13 +151,20 @@ class Launcher:
                 prune_configs_by={
                     "early_config_prune": lambda configs, named_args, **_: self._suiting(named_args[self._first_arg])
                 },
-                cache_results=True,
             )(kernel)
         LAUNCHERS.append(self)
 
     @property
     def name(self) -> str:
         return self.kernel.__name__
+
+    @cached_property
+    def group(self) -> str:
+        """The kernel's name and a digest of its source (with the jit functions it calls) and of its tilings: an
+        edited kernel or tiling list is tuned afresh, and two launchers of one kernel (the tiled and the skinny
+        GEMM) keep their tunings apart."""
+        described = [self.kernel.cache_key, *(_described(c.all_kwargs()) for c in self._tuned.configs)]
+        return f"{self.name} {hashlib.sha256(' '.join(described).encode()).hexdigest()[:16]}"
 
     def _suiting(self, first_tensor) -> list[triton.Config]:
         return self.tilings[first_tensor.element_size()]
@@ -82,7 +176,23 @@ class Launcher:
             return self.kernel[grid](*args, **meta, **self.interpreter)
         if not AUTOTUNE:
             return self.kernel[grid](*args, **meta, **self._suiting(args[0])[0].all_kwargs())
-        return self._tuned[grid](*args, **meta)
+        return self._tuned_launch(grid, args, meta)
+
+    def _tuned_launch(self, grid, args, meta):
+        """The autotuner's launch, its in-memory tunings first seeded from the store and new ones written back.
+
+        The store is opened at the first launch, on the device of its first tensor: by then the GPU is known.
+        """
+        tunings = self._tuned.cache
+        if self._store is None:
+            self._store = TuningStore(store_path(torch.cuda.get_device_name(args[0].device)))
+            tunings.update(self._store.load(self.group, self._tuned.configs))
+        known = set(tunings)
+        launched = self._tuned[grid](*args, **meta)
+        new = {key: config for key, config in tunings.items() if key not in known}
+        if new:
+            self._store.save(self.group, new)
+        return launched
 
     @contextmanager
     def forcing(self, config: triton.Config) -> Iterator[None]:
