@@ -5,12 +5,13 @@ passes there, (batch, sequence, heads, head_dim) with arbitrary outer strides, a
 S x S score matrix (S is 38,222 at release: the matrix alone would be 5.8 GB per head).
 
 Forward: one program per (query block, batch x head) sweeps the key blocks with the online softmax in base 2
-(the softmax scale is folded with log2(e) so each score costs one ``exp2``) and saves the base-2 logsumexp of
-every row. Full key tiles run unmasked; only the last partial tile pays for the mask, which keeps padded keys
-out of the softmax. Backward recomputes the probabilities from that logsumexp: a preprocess kernel for
+(the softmax scale is folded with log2(e) so each score costs one ``exp2``) and saves every row's base-2 max
+and log2 of its sum. Full key tiles run unmasked; only the last partial tile pays for the mask, which keeps
+padded keys out of the softmax. Backward recomputes the probabilities from those two: a preprocess kernel for
 delta = rowsum(dO * O), one kernel for dK and dV per key block looping over query blocks, one for dQ per query
 block looping over key blocks. Each output element is written by exactly one program, so results are
-deterministic without atomics. Every dot goes through :func:`h3_triton.interpret.mma`.
+deterministic without atomics. Every dot goes through :func:`h3_triton.interpret.mma`, except that float32
+scores are summed in float64 (:func:`_scores`).
 """
 
 import math
@@ -59,6 +60,41 @@ _DQ_ROWS = {
 
 
 @triton.jit
+def _scores(a, b, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, UPCAST: tl.constexpr):
+    """``a @ b`` for the score-like products (Q K^T, dO V^T, dO O^T), fp32 accumulation for bfloat16.
+
+    float32 operands are multiplied and summed in float64 and rounded once: at peaky attention (|Q K^T| in the
+    hundreds) a float32 chain of FMAs along head_dim errs by more than the softmax can absorb, and that error
+    reaches every gradient through P.
+    """
+    if a.dtype == tl.float32:
+        exact = tl.dot(a.to(tl.float64), b.to(tl.float64), tl.zeros([BLOCK_A, BLOCK_B], dtype=tl.float64))
+        return exact.to(tl.float32)
+    else:
+        return mma(a, b, tl.zeros([BLOCK_A, BLOCK_B], dtype=tl.float32), UPCAST)
+
+
+@triton.jit
+def _probabilities(scores, row_max, row_log_sum, QUERY_AXIS: tl.constexpr, EXACT: tl.constexpr):
+    """P recomputed from base-2 ``scores`` and the forward's saved row max and log2 of the row sum.
+
+    ``QUERY_AXIS`` is the axis of ``scores`` that runs over queries. ``EXACT`` (float32 inputs) subtracts the
+    two apart: the max key then gets exactly 0 - log2(l), where their rounded sum (up to ~100 at peaky
+    attention) would put a relative error of 1e-6 on a whole row of P. bfloat16 adds them once per row.
+    """
+    if EXACT:
+        if QUERY_AXIS == 0:
+            return tl.math.exp2((scores - row_max[:, None]) - row_log_sum[:, None])
+        else:
+            return tl.math.exp2((scores - row_max[None, :]) - row_log_sum[None, :])
+    else:
+        if QUERY_AXIS == 0:
+            return tl.math.exp2(scores - (row_max + row_log_sum)[:, None])
+        else:
+            return tl.math.exp2(scores - (row_max + row_log_sum)[None, :])
+
+
+@triton.jit
 def _heads_base(pid_bh, H, stride_b, stride_h):
     """Offset of (batch, head) ``pid_bh`` in a (B, S, H, D) tensor, in int64: B*S*H*D may pass 2**31."""
     off_b = (pid_bh // H).to(tl.int64)
@@ -88,7 +124,7 @@ def _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_kn, stride_vn, start, stop
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0
         k, v = _key_value_tile(k_ptr, v_ptr, stride_kn, stride_vn, offs_n, offs_d, S, MASK_KEYS)
-        qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST) * qk_scale
+        qk = _scores(q, tl.trans(k), BLOCK_M, BLOCK_N, UPCAST) * qk_scale
         if MASK_KEYS:
             qk = tl.where((offs_n < S)[None, :], qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(qk, 1))
@@ -101,7 +137,7 @@ def _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_kn, stride_vn, start, stop
 
 
 @triton.jit
-def _fwd_kernel(Q, K, V, O, LSE,
+def _fwd_kernel(Q, K, V, O, ROW_MAX, ROW_LOG_SUM,
                 stride_qb, stride_qs, stride_qh,
                 stride_kb, stride_ks, stride_kh,
                 stride_vb, stride_vs, stride_vh,
@@ -132,7 +168,9 @@ def _fwd_kernel(Q, K, V, O, LSE,
     out = acc / l_i[:, None]
     tl.store(o_ptr + offs_m[:, None] * stride_os + offs_d[None, :], to_dtype(out, O.dtype.element_ty, UPCAST),
              mask=row_in_seq[:, None])
-    tl.store(LSE + pid_bh.to(tl.int64) * S + offs_m, m_i + tl.math.log2(l_i), mask=row_in_seq)
+    rows_out = pid_bh.to(tl.int64) * S + offs_m
+    tl.store(ROW_MAX + rows_out, m_i, mask=row_in_seq)
+    tl.store(ROW_LOG_SUM + rows_out, tl.math.log2(l_i), mask=row_in_seq)
 
 
 @triton.jit
@@ -159,7 +197,7 @@ def _delta_kernel(O, DO, DELTA,
     do = tl.load(DO + _heads_base(pid_bh, H, stride_dob, stride_doh) + offs_m[:, None] * stride_dos
                  + offs_d[None, :], mask=rows, other=0.0)
     if O.dtype.element_ty == tl.float32:
-        products = mma(do, tl.trans(o), tl.zeros([BLOCK_M, BLOCK_M], dtype=tl.float32), UPCAST)
+        products = _scores(do, tl.trans(o), BLOCK_M, BLOCK_M, UPCAST)
         delta = tl.sum(tl.where(offs_m[:, None] == offs_m[None, :], products, 0.0), 1)
     else:
         delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), 1)
@@ -167,9 +205,9 @@ def _delta_kernel(O, DO, DELTA,
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qs, stride_dos, start, stop, S, qk_scale,
-                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                MASK_QUERIES: tl.constexpr, UPCAST: tl.constexpr):
+def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, max_ptr, log_sum_ptr, delta_ptr, stride_qs, stride_dos, start, stop, S,
+                qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                MASK_QUERIES: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):
     """Accumulate dK (unscaled) and dV of one key block over query tiles [start, stop), transposed (keys x queries).
 
     Padded query rows load as zeros with zero dO and delta, so their terms vanish exactly; the mask only keeps
@@ -183,31 +221,34 @@ def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qs, stri
             rows = offs_m < S
             q = tl.load(q_ptr + offs_m[:, None] * stride_qs + offs_d[None, :], mask=rows[:, None], other=0.0)
             do = tl.load(do_ptr + offs_m[:, None] * stride_dos + offs_d[None, :], mask=rows[:, None], other=0.0)
-            lse = tl.load(lse_ptr + offs_m, mask=rows, other=0.0)
+            row_max = tl.load(max_ptr + offs_m, mask=rows, other=0.0)
+            row_log_sum = tl.load(log_sum_ptr + offs_m, mask=rows, other=0.0)
             delta = tl.load(delta_ptr + offs_m, mask=rows, other=0.0)
         else:
             q = tl.load(q_ptr + offs_m[:, None] * stride_qs + offs_d[None, :])
             do = tl.load(do_ptr + offs_m[:, None] * stride_dos + offs_d[None, :])
-            lse = tl.load(lse_ptr + offs_m)
+            row_max = tl.load(max_ptr + offs_m)
+            row_log_sum = tl.load(log_sum_ptr + offs_m)
             delta = tl.load(delta_ptr + offs_m)
-        qk_t = mma(k, tl.trans(q), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST)
-        p_t = tl.math.exp2(qk_t * qk_scale - lse[None, :])
+        qk_t = _scores(k, tl.trans(q), BLOCK_N, BLOCK_M, UPCAST)
+        p_t = _probabilities(qk_t * qk_scale, row_max, row_log_sum, 1, EXACT)
         dv = mma(to_dtype(p_t, do.dtype, UPCAST), do, dv, UPCAST)
-        dp_t = mma(v, tl.trans(do), tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32), UPCAST)
+        dp_t = _scores(v, tl.trans(do), BLOCK_N, BLOCK_M, UPCAST)
         ds_t = p_t * (dp_t - delta[None, :])
         dk = mma(to_dtype(ds_t, q.dtype, UPCAST), q, dk, UPCAST)
     return dk, dv
 
 
 @triton.jit
-def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
+def _dkdv_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV,
                  stride_qb, stride_qs, stride_qh,
                  stride_kb, stride_ks, stride_kh,
                  stride_vb, stride_vs, stride_vh,
                  stride_dob, stride_dos, stride_doh,
                  stride_gb, stride_gs, stride_gh,
                  H, S, sm_scale, qk_scale,
-                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXACT: tl.constexpr,
+                 UPCAST: tl.constexpr):
     """dK, dV of one key block; DK and DV share the strides (gb, gs, gh) of their contiguous allocation."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -220,16 +261,18 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
                 mask=key_in_seq, other=0.0)
     q_ptr = Q + _heads_base(pid_bh, H, stride_qb, stride_qh)
     do_ptr = DO + _heads_base(pid_bh, H, stride_dob, stride_doh)
-    lse_ptr = LSE + pid_bh.to(tl.int64) * S
-    delta_ptr = DELTA + pid_bh.to(tl.int64) * S
+    rows_base = pid_bh.to(tl.int64) * S
+    max_ptr = ROW_MAX + rows_base
+    log_sum_ptr = ROW_LOG_SUM + rows_base
+    delta_ptr = DELTA + rows_base
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     full_stop = (S // BLOCK_M) * BLOCK_M
-    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qs, stride_dos, 0, full_stop, S,
-                         qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, False, UPCAST)
-    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, lse_ptr, delta_ptr, stride_qs, stride_dos, full_stop, S, S,
-                         qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, True, UPCAST)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, max_ptr, log_sum_ptr, delta_ptr, stride_qs, stride_dos,
+                         0, full_stop, S, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, False, EXACT, UPCAST)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, max_ptr, log_sum_ptr, delta_ptr, stride_qs, stride_dos,
+                         full_stop, S, S, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, True, EXACT, UPCAST)
 
     g_off = _heads_base(pid_bh, H, stride_gb, stride_gh) + offs_n[:, None] * stride_gs + offs_d[None, :]
     tl.store(DK + g_off, to_dtype(dk * sm_scale, DK.dtype.element_ty, UPCAST), mask=key_in_seq)
@@ -237,34 +280,35 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
 
 
 @triton.jit
-def _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, stride_ks, stride_vs, start, stop, S, qk_scale,
+def _dq_inner(dq, q, do, row_max, row_log_sum, delta, k_ptr, v_ptr, stride_ks, stride_vs, start, stop, S, qk_scale,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-              MASK_KEYS: tl.constexpr, UPCAST: tl.constexpr):
+              MASK_KEYS: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):
     """Accumulate dQ (unscaled) of one query block over key tiles [start, stop)."""
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0
         k, v = _key_value_tile(k_ptr, v_ptr, stride_ks, stride_vs, offs_n, offs_d, S, MASK_KEYS)
-        qk = mma(q, tl.trans(k), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST)
-        p = tl.math.exp2(qk * qk_scale - lse[:, None])
+        qk = _scores(q, tl.trans(k), BLOCK_M, BLOCK_N, UPCAST)
+        p = _probabilities(qk * qk_scale, row_max, row_log_sum, 0, EXACT)
         if MASK_KEYS:
             p = tl.where((offs_n < S)[None, :], p, 0.0)
-        dp = mma(do, tl.trans(v), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), UPCAST)
+        dp = _scores(do, tl.trans(v), BLOCK_M, BLOCK_N, UPCAST)
         ds = p * (dp - delta[:, None])
         dq = mma(to_dtype(ds, k.dtype, UPCAST), k, dq, UPCAST)
     return dq
 
 
 @triton.jit
-def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
+def _dq_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DQ,
                stride_qb, stride_qs, stride_qh,
                stride_kb, stride_ks, stride_kh,
                stride_vb, stride_vs, stride_vh,
                stride_dob, stride_dos, stride_doh,
                stride_gb, stride_gs, stride_gh,
                H, S, sm_scale, qk_scale,
-               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
+               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXACT: tl.constexpr,
+               UPCAST: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -275,17 +319,19 @@ def _dq_kernel(Q, K, V, DO, LSE, DELTA, DQ,
                 mask=rows, other=0.0)
     do = tl.load(DO + _heads_base(pid_bh, H, stride_dob, stride_doh) + offs_m[:, None] * stride_dos
                  + offs_d[None, :], mask=rows, other=0.0)
-    lse = tl.load(LSE + pid_bh.to(tl.int64) * S + offs_m, mask=row_in_seq, other=0.0)
-    delta = tl.load(DELTA + pid_bh.to(tl.int64) * S + offs_m, mask=row_in_seq, other=0.0)
+    rows_at = pid_bh.to(tl.int64) * S + offs_m
+    row_max = tl.load(ROW_MAX + rows_at, mask=row_in_seq, other=0.0)
+    row_log_sum = tl.load(ROW_LOG_SUM + rows_at, mask=row_in_seq, other=0.0)
+    delta = tl.load(DELTA + rows_at, mask=row_in_seq, other=0.0)
     k_ptr = K + _heads_base(pid_bh, H, stride_kb, stride_kh)
     v_ptr = V + _heads_base(pid_bh, H, stride_vb, stride_vh)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     full_stop = (S // BLOCK_N) * BLOCK_N
-    dq = _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, stride_ks, stride_vs, 0, full_stop, S, qk_scale,
-                   BLOCK_M, BLOCK_N, HEAD_DIM, False, UPCAST)
-    dq = _dq_inner(dq, q, do, lse, delta, k_ptr, v_ptr, stride_ks, stride_vs, full_stop, S, S, qk_scale,
-                   BLOCK_M, BLOCK_N, HEAD_DIM, True, UPCAST)
+    dq = _dq_inner(dq, q, do, row_max, row_log_sum, delta, k_ptr, v_ptr, stride_ks, stride_vs, 0, full_stop, S,
+                   qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, False, EXACT, UPCAST)
+    dq = _dq_inner(dq, q, do, row_max, row_log_sum, delta, k_ptr, v_ptr, stride_ks, stride_vs, full_stop, S, S,
+                   qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, True, EXACT, UPCAST)
     tl.store(DQ + _heads_base(pid_bh, H, stride_gb, stride_gh) + offs_m[:, None] * stride_gs + offs_d[None, :],
              to_dtype(dq * sm_scale, DQ.dtype.element_ty, UPCAST), mask=rows)
 
@@ -335,24 +381,26 @@ class _FlashAttention(torch.autograd.Function):
         B, S, H, D = q.shape
         sm_scale = 1.0 / math.sqrt(D)
         o = torch.empty((B, S, H, D), dtype=q.dtype, device=q.device)
-        lse = torch.empty((B * H, S), dtype=torch.float32, device=q.device)
+        row_max = torch.empty((B * H, S), dtype=torch.float32, device=q.device)
+        row_log_sum = torch.empty_like(row_max)
         _fwd(
             _grid(B, H, S, "BLOCK_M"),
-            q, k, v, o, lse, *_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(o),
+            q, k, v, o, row_max, row_log_sum,
+            *_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(o),
             H, S, sm_scale * math.log2(math.e),
             HEAD_DIM=D, UPCAST=INTERPRET,
         )
-        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.save_for_backward(q, k, v, o, row_max, row_log_sum)
         return o
 
     @staticmethod
     def backward(ctx, do):
-        q, k, v, o, lse = ctx.saved_tensors
+        q, k, v, o, row_max, row_log_sum = ctx.saved_tensors
         B, S, H, D = q.shape
         sm_scale = 1.0 / math.sqrt(D)
         if do.stride(-1) != 1:  # autograd may hand a broadcast gradient (stride 0); the kernels need stride 1
             do = do.contiguous()
-        delta = torch.empty_like(lse)
+        delta = torch.empty_like(row_max)
         _delta(
             _grid(B, H, S, "BLOCK_M"),
             o, do, delta, *_outer_strides(o), *_outer_strides(do), H, S,
@@ -365,13 +413,13 @@ class _FlashAttention(torch.autograd.Function):
                   *_outer_strides(dq), H, S, sm_scale, sm_scale * math.log2(math.e))
         _dkdv(
             _grid(B, H, S, "BLOCK_N"),
-            q, k, v, do, lse, delta, dk, dv, *common,
-            HEAD_DIM=D, UPCAST=INTERPRET,
+            q, k, v, do, row_max, row_log_sum, delta, dk, dv, *common,
+            HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET,
         )
         _dq(
             _grid(B, H, S, "BLOCK_M"),
-            q, k, v, do, lse, delta, dq, *common,
-            HEAD_DIM=D, UPCAST=INTERPRET,
+            q, k, v, do, row_max, row_log_sum, delta, dq, *common,
+            HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET,
         )
         return dq, dk, dv
 

@@ -177,6 +177,8 @@ def compile_(kernel, row, names, tensors):
     consts = dict(zip(names, row[:-2]), HEAD_DIM=128)
     if "UPCAST" in kernel.arg_names:
         consts["UPCAST"] = False
+    if "EXACT" in kernel.arg_names:
+        consts["EXACT"] = tensors["Q"] == "*fp32"
     sig = {n: "constexpr" if n in consts else tensors.get(n, "fp32" if n.endswith("scale") else "i32")
            for n in kernel.arg_names}
     # A launch marks pointers and strides divisible by 16, as they are at release; without that mark the
@@ -187,18 +189,19 @@ def compile_(kernel, row, names, tensors):
     done = triton.compile(src, target=GPUTarget("cuda", 90, 64), options={"num_warps": row[-2], "num_stages": row[-1]})
     assert done.metadata.shared <= 232448, (kernel.fn.__name__, row, done.metadata.shared)
 
-bf16 = dict.fromkeys(("Q", "K", "V", "O", "DO", "DK", "DV", "DQ"), "*bf16")
-bf16.update(LSE="*fp32", DELTA="*fp32")
-compile_(A._fwd_kernel, A._FWD_ROWS[2][0], ("BLOCK_M", "BLOCK_N"), bf16)
-compile_(A._delta_kernel, A._DELTA_ROWS[2][0], ("BLOCK_M",), bf16)
-compile_(A._dkdv_kernel, A._DKDV_ROWS[2][0], ("BLOCK_M", "BLOCK_N"), bf16)
-compile_(A._dq_kernel, A._DQ_ROWS[2][0], ("BLOCK_M", "BLOCK_N"), bf16)
+for size, element in ((2, "*bf16"), (4, "*fp32")):
+    tensors = dict.fromkeys(("Q", "K", "V", "O", "DO", "DK", "DV", "DQ"), element)
+    tensors.update(ROW_MAX="*fp32", ROW_LOG_SUM="*fp32", DELTA="*fp32")
+    compile_(A._fwd_kernel, A._FWD_ROWS[size][0], ("BLOCK_M", "BLOCK_N"), tensors)
+    compile_(A._delta_kernel, A._DELTA_ROWS[size][0], ("BLOCK_M",), tensors)
+    compile_(A._dkdv_kernel, A._DKDV_ROWS[size][0], ("BLOCK_M", "BLOCK_N"), tensors)
+    compile_(A._dq_kernel, A._DQ_ROWS[size][0], ("BLOCK_M", "BLOCK_N"), tensors)
 """
 
 
 def test_compiles_for_h200():
-    """The interpreter accepts code the GPU compiler rejects: compile each kernel's first bf16 tiling for sm_90
-    at D = 128 and check it fits the H200's 227 KiB of shared memory per block."""
+    """The interpreter accepts code the GPU compiler rejects: compile each kernel's first tiling of both dtypes
+    for sm_90 at D = 128 and check it fits the H200's 227 KiB of shared memory per block."""
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
     done = subprocess.run([sys.executable, "-c", COMPILE_FOR_H200], env=env, capture_output=True, text=True,
                           timeout=300)
