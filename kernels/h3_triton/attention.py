@@ -68,7 +68,8 @@ def _scores(a, b, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, UPCAST: tl.const
     reaches every gradient through P.
     """
     if a.dtype == tl.float32:
-        exact = tl.dot(a.to(tl.float64), b.to(tl.float64), tl.zeros([BLOCK_A, BLOCK_B], dtype=tl.float64))
+        exact = tl.dot(a.to(tl.float64), b.to(tl.float64), tl.zeros([BLOCK_A, BLOCK_B], dtype=tl.float64),
+                       out_dtype=tl.float64)
         return exact.to(tl.float32)
     else:
         return mma(a, b, tl.zeros([BLOCK_A, BLOCK_B], dtype=tl.float32), UPCAST)
