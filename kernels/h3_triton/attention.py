@@ -125,11 +125,13 @@ def _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_kn, stride_vn, start, stop
     for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0
         k, v = _key_value_tile(k_ptr, v_ptr, stride_kn, stride_vn, offs_n, offs_d, S, MASK_KEYS)
-        qk = _scores(q, tl.trans(k), BLOCK_M, BLOCK_N, UPCAST) * qk_scale
+        qk = _scores(q, tl.trans(k), BLOCK_M, BLOCK_N, UPCAST)
         if MASK_KEYS:
             qk = tl.where((offs_n < S)[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1))
-        p = tl.math.exp2(qk - m_new[:, None])
+        # The scaled max is the max of the scaled scores (a positive scale keeps the order and rounding is
+        # monotonic), so the scale folds into one FMA per score with the subtraction of the max.
+        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = mma(to_dtype(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST)

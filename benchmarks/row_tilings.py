@@ -1,0 +1,60 @@
+"""Forward time of the whole-row kernels (norm + modulation, QK-norm + RoPE) at release shapes, per row tiling.
+
+Usage (GPU): python benchmarks/row_tilings.py [--rows 1,2,4,...] [--warps 4,8,16]
+
+These kernels take their tiling from ``h3_triton.rowreduce.full_row_tiling`` (a heuristic: ~4096 elements
+per tile, 8-16 elements per thread); this sweep replaces it for the forward launch only, times each tiling with
+``triton.testing.do_bench`` (median) and prints GB/s of activation traffic and its fraction of the device copy
+bandwidth measured in the same run, the heuristic's own tiling marked. Tilings whose tile exceeds 32768
+elements are skipped (they spill registers).
+"""
+
+import argparse
+
+import triton
+
+import h3_triton.norm
+import h3_triton.rope
+from h3_triton.rowreduce import RowTiling, full_row_tiling
+from h3gate.bench import RELEASE, cases, ceilings, median_ms
+
+OPS = {"rms_norm_modulate": (h3_triton.norm, h3_triton.norm.rms_norm_modulate),
+       "qk_norm_rope": (h3_triton.rope, h3_triton.rope.qk_norm_rope)}
+
+
+def sweep(rows_options, warps_options, progress=print):
+    copy = ceilings("cuda")["copy_gbps"]
+    progress(f"device copy: {copy:.0f} GB/s")
+    for case in cases(RELEASE, "cuda"):
+        if case.op not in OPS:
+            continue
+        module, fn = OPS[case.op]
+        inputs = case.make()
+        width = inputs["x"].shape[-1]
+        heuristic = full_row_tiling(width, "x")
+        for rows in rows_options:
+            for warps in warps_options:
+                tiling = RowTiling(rows=rows, width=triton.next_power_of_2(width), warps=warps)
+                if rows * tiling.width > 32768:
+                    continue
+                module.full_row_tiling = lambda *_, tiling=tiling: tiling
+                try:
+                    ms = median_ms(lambda: fn(**inputs), "cuda")
+                finally:
+                    module.full_row_tiling = full_row_tiling
+                rate = case.work[0] / ms / 1e6
+                mark = "  <- heuristic" if tiling == heuristic else ""
+                progress(f"{case.label:34s} rows {rows:3d} warps {warps:2d}: {ms:7.3f} ms {rate:6.0f} GB/s "
+                         f"{rate / copy:5.1%} of copy{mark}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", default="1,2,4,8,16,32,64", help="rows per tile to try (comma-separated)")
+    parser.add_argument("--warps", default="4,8,16", help="warps per program to try (comma-separated)")
+    args = parser.parse_args()
+    sweep([int(r) for r in args.rows.split(",")], [int(w) for w in args.warps.split(",")])
+
+
+if __name__ == "__main__":
+    main()
