@@ -3,9 +3,9 @@
 Usage (GPU): python benchmarks/row_tilings.py [--rows 1,2,4,...] [--warps 4,8,16]
 
 These kernels take their tiling from ``h3_triton.rowreduce.full_row_tiling`` (a heuristic: ~4096 elements
-per tile, 8-16 elements per thread); this sweep replaces it for the forward launch only, times each tiling with
-``triton.testing.do_bench`` (median) and prints GB/s of activation traffic and its fraction of the device copy
-bandwidth measured in the same run, the heuristic's own tiling marked. Tilings whose tile exceeds 32768
+per tile, 8-16 elements per thread; the norm's forward adjusts it in ``_forward_tiling``); this sweep replaces the
+forward's tiling only, times each with ``triton.testing.do_bench`` (median) and prints GB/s of activation
+traffic and its fraction of the device copy bandwidth measured in the same run, the tiling in use marked. Tilings whose tile exceeds 32768
 elements are skipped (they spill registers).
 """
 
@@ -15,11 +15,12 @@ import triton
 
 import h3_triton.norm
 import h3_triton.rope
-from h3_triton.rowreduce import RowTiling, full_row_tiling
+from h3_triton.rowreduce import RowTiling
 from h3gate.bench import RELEASE, cases, ceilings, median_ms
 
-OPS = {"rms_norm_modulate": (h3_triton.norm, h3_triton.norm.rms_norm_modulate),
-       "qk_norm_rope": (h3_triton.rope, h3_triton.rope.qk_norm_rope)}
+# op -> (module, the name of its forward's tiling function there, (width, name) -> RowTiling; the op)
+OPS = {"rms_norm_modulate": (h3_triton.norm, "_forward_tiling", h3_triton.norm.rms_norm_modulate),
+       "qk_norm_rope": (h3_triton.rope, "full_row_tiling", h3_triton.rope.qk_norm_rope)}
 
 
 def sweep(rows_options, warps_options, progress=print):
@@ -28,22 +29,23 @@ def sweep(rows_options, warps_options, progress=print):
     for case in cases(RELEASE, "cuda"):
         if case.op not in OPS:
             continue
-        module, fn = OPS[case.op]
+        module, tiling_name, fn = OPS[case.op]
+        in_use = getattr(module, tiling_name)
         inputs = case.make()
         width = inputs["x"].shape[-1]
-        heuristic = full_row_tiling(width, "x")
+        current = in_use(width, "x")
         for rows in rows_options:
             for warps in warps_options:
                 tiling = RowTiling(rows=rows, width=triton.next_power_of_2(width), warps=warps)
                 if rows * tiling.width > 32768:
                     continue
-                module.full_row_tiling = lambda *_, tiling=tiling: tiling
+                setattr(module, tiling_name, lambda *_, tiling=tiling: tiling)
                 try:
                     ms = median_ms(lambda: fn(**inputs), "cuda")
                 finally:
-                    module.full_row_tiling = full_row_tiling
+                    setattr(module, tiling_name, in_use)
                 rate = case.work[0] / ms / 1e6
-                mark = "  <- heuristic" if tiling == heuristic else ""
+                mark = "  <- in use" if tiling == current else ""
                 progress(f"{case.label:34s} rows {rows:3d} warps {warps:2d}: {ms:7.3f} ms {rate:6.0f} GB/s "
                          f"{rate / copy:5.1%} of copy{mark}")
 

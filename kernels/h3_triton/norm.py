@@ -13,6 +13,8 @@ dscale_r = weight * A_r, dshift_r = D_r and dweight = sum_r (1 + scale_r) * A_r.
 instead of three keeps the 5376-wide rows of the release model in registers.
 """
 
+import dataclasses
+
 import torch
 import triton
 import triton.language as tl
@@ -143,6 +145,17 @@ def _table_grads_kernel(
     tl.store(wflag_ptr + r, 1)
 
 
+def _forward_tiling(width: int, name: str):
+    """The forward's tiling: the shared one, except that a tile of a single wide row runs 4 warps, not up to 16.
+
+    Measured on an H200 at the release width 5376 (``benchmarks/row_tilings.py``): 0.31 ms with 4 warps against
+    0.42 ms with 16. More elements per thread keep more loads in flight per row, and the row's sum crosses fewer
+    warps. The backward keeps the shared tiling: its row ranges, and so its summation order, follow from it.
+    """
+    tiling = full_row_tiling(width, name)
+    return dataclasses.replace(tiling, warps=4) if tiling.rows == 1 else tiling
+
+
 def _table_strides(table: torch.Tensor | None) -> tuple[int, int]:
     return (0, 0) if table is None else table.stride()
 
@@ -153,7 +166,7 @@ class _RMSNormModulate(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, scale, shift, idx):
         batch, seq_len, width = x.shape
-        tiling = full_row_tiling(width, "x")
+        tiling = _forward_tiling(width, "x")
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         n_rows = batch * seq_len
         _forward_kernel[(triton.cdiv(n_rows, tiling.rows),)](
