@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Profiler evidence for the performance targets h3_triton misses: Nsight Compute on one launch of each op at
+# release shapes (benchmarks/profile_op.py), candidate and provider, clocks left alone (--clock-control none).
+# Each profile's details page goes to $OUT/ncu-<name>.csv; summary lines (duration, throughput) are echoed.
+set -uo pipefail
+source "$(dirname "$0")/gpu_setup.sh"
+profile() {
+  local name=$1; shift
+  phase "ncu-$name" "${NCU_LIMIT:-120}" ncu --clock-control none --profile-from-start off --csv --page details \
+    --section SpeedOfLight --section Occupancy --section LaunchStats python3 benchmarks/profile_op.py "$@"
+  mv "$OUT/ncu-$name.log" "$OUT/ncu-$name.csv"
+  grep -E '"(Duration|Memory Throughput|Compute \(SM\) Throughput)"' "$OUT/ncu-$name.csv" \
+    | awk -F'","' '{print "   ", $5, $(NF-2), $(NF-1), $NF}' | head -12
+}
+profile attention-fwd attention
+profile attention-fwd-cudnn attention --provider --sdpa cudnn
+profile attention-bwd attention --backward
+profile attention-bwd-cudnn attention --backward --provider --sdpa cudnn
+profile linear-ff-up linear --case 2
+profile linear-ff-up-cublas linear --case 2 --provider
+profile norm rms_norm_modulate
+profile qk-norm-rope qk_norm_rope

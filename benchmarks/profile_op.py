@@ -1,0 +1,68 @@
+"""One op of ``h3gate bench`` run once inside a CUDA profiler range, after warm-up, for Nsight Compute.
+
+Usage (GPU): ncu --clock-control none --profile-from-start off --csv --page details \\
+    python benchmarks/profile_op.py attention [--backward] [--provider [--sdpa cudnn]]
+
+The warm-up runs (compilation, autotuning, allocator growth) happen outside the range, so ncu sees only the
+kernels of one forward (or one forward+backward with ``--backward``) at the shape of ``h3gate bench``.
+``--shape small --device cpu`` runs the same code path without a profiler, to check the script itself.
+"""
+
+import argparse
+
+import torch
+
+from h3gate import provider_ops
+from h3gate.bench import SDPA_VARIANTS, SHAPES, _forward_backward, _sdpa, cases
+from h3gate.candidates import load
+
+
+def profiled(fn, device: str, warmup: int = 3) -> None:
+    """Runs ``fn`` ``warmup`` times, then once between cudaProfilerStart and cudaProfilerStop."""
+    for _ in range(warmup):
+        fn()
+    if not device.startswith("cuda"):
+        fn()
+        return
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("op", help="an op of h3gate bench: " + ", ".join(provider_ops.OPS))
+    parser.add_argument("--backward", action="store_true", help="profile forward+backward (default: forward only)")
+    parser.add_argument("--provider", action="store_true", help="profile the provider's op instead of the candidate's")
+    parser.add_argument("--sdpa", choices=tuple(SDPA_VARIANTS), help="with --provider and attention: the SDPA backend")
+    parser.add_argument("--candidate", default="h3_triton", help="candidate spec (default: h3_triton)")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="release")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--case", type=int, default=0, help="which of the op's shapes (linear has four; default 0)")
+    args = parser.parse_args()
+    if args.op not in provider_ops.OPS:
+        parser.error(f"unknown op {args.op!r}; choose one of {', '.join(provider_ops.OPS)}")
+    if args.sdpa and not (args.provider and args.op == "attention"):
+        parser.error("--sdpa picks the provider's attention backend: use it with --provider and the op attention")
+    matching = [case for case in cases(SHAPES[args.shape], args.device) if case.op == args.op]
+    if not 0 <= args.case < len(matching):
+        parser.error(f"--case {args.case}: {args.op} has {len(matching)} shape(s), 0 to {len(matching) - 1}")
+    case = matching[args.case]
+    fn = provider_ops.OPS[args.op] if args.provider else load(args.candidate).kernel_ops()[args.op]
+    inputs = case.make()
+    if args.backward:
+        step = _forward_backward(fn, inputs)
+    else:
+        def step():
+            with torch.no_grad():
+                fn(**inputs)
+    with _sdpa(args.sdpa):
+        profiled(step, args.device)
+    who = "provider" + (f" ({args.sdpa})" if args.sdpa else "") if args.provider else args.candidate
+    print(f"profiled {case.label}, {who}, {'forward+backward' if args.backward else 'forward'}")
+
+
+if __name__ == "__main__":
+    main()
