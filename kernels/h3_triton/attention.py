@@ -80,8 +80,9 @@ def _probabilities(scores, row_max, row_log_sum, QUERY_AXIS: tl.constexpr, EXACT
     """P recomputed from base-2 ``scores`` and the forward's saved row max and log2 of the row sum.
 
     ``QUERY_AXIS`` is the axis of ``scores`` that runs over queries. ``EXACT`` (float32 inputs) subtracts the
-    two apart: the max key then gets exactly 0 - log2(l), where their rounded sum (up to ~100 at peaky
-    attention) would put a relative error of 1e-6 on a whole row of P. bfloat16 adds them once per row.
+    two apart: the exponents of the keys near the max are then small and nearly exact, where the rounding of
+    their sum (up to ~100 at peaky attention) would put a relative error of 1e-6 on a whole row of P.
+    bfloat16 adds them once per row.
     """
     if EXACT:
         if QUERY_AXIS == 0:
@@ -184,10 +185,10 @@ def _delta_kernel(O, DO, DELTA,
                   HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, UPCAST: tl.constexpr):
     """delta = rowsum(dO * O) in float32, the row term of dS = P * (dP - delta).
 
-    For float32, delta is the diagonal of dO @ O^T: the same dot, and so the same chain of FMAs along head_dim,
-    that computes dP = dO @ V^T. Where a row's output equals a value row (one key, or attention peaked on one
-    key) dP - delta then cancels to exactly what it is in exact arithmetic, zero; a plain sum rounds in another
-    order, and the difference of the two roundings (a few ULP of |dO||V|) reached dQ and dK on an H200.
+    For float32, delta is the diagonal of dO @ O^T, computed by the same float64 dot (:func:`_scores`) as
+    dP = dO @ V^T. Where a row's output equals a value row (one key, or attention peaked on one key) dP - delta
+    then cancels to what it is in exact arithmetic, zero; a float32 sum in another order left the difference
+    of two roundings (a few ULP of |dO||V|), which reached dQ and dK on an H200.
     bfloat16 outputs are rounded before delta sees them, so they keep the cheaper elementwise sum.
     """
     pid_m = tl.program_id(0)
