@@ -10,7 +10,6 @@ recipe of Triton's own fused-attention tutorial. Same online softmax, same base-
 per score. Every variant's output is compared with cuDNN's (max abs difference) so a fast wrong kernel shows.
 """
 
-import argparse
 import math
 import re
 
@@ -19,26 +18,23 @@ import triton
 import triton.language as tl
 import torch.nn.functional as F
 
-from h3_triton.attention import attention
-from h3_triton.interpret import INTERPRET, mma, to_dtype
+from h3_triton.attention import _scores, _softmax_step, attention
+from h3_triton.interpret import INTERPRET, to_dtype
 from h3gate.bench import SDPA_VARIANTS, SHAPES, _sdpa, cases, median_ms
+
+import variant_cli
 
 
 @triton.jit
 def _tma_fwd_inner(acc, m_i, l_i, q, k_desc, v_desc, start, stop, S, qk_scale,
-                   BLOCK_N: tl.constexpr, MASK_KEYS: tl.constexpr, UPCAST: tl.constexpr):
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, MASK_KEYS: tl.constexpr, UPCAST: tl.constexpr):
     for start_n in range(start, stop, BLOCK_N):
         k = k_desc.load([start_n, 0])
         v = v_desc.load([start_n, 0])
-        qk = mma(q, tl.trans(k), tl.zeros([q.shape[0], BLOCK_N], dtype=tl.float32), UPCAST)
+        qk = _scores(q, tl.trans(k), BLOCK_M, BLOCK_N, UPCAST)
         if MASK_KEYS:
             qk = tl.where((start_n + tl.arange(0, BLOCK_N) < S)[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = mma(to_dtype(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST)
-        m_i = m_new
+        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, qk, v, qk_scale, UPCAST)
     return acc, m_i, l_i
 
 
@@ -63,9 +59,9 @@ def _tma_fwd(Q, K, V, O, stride_b, stride_s, stride_h, H, S, qk_scale,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     full_stop = (S // BLOCK_N) * BLOCK_N
     acc, m_i, l_i = _tma_fwd_inner(acc, m_i, l_i, q, k_desc, v_desc, 0, full_stop, S, qk_scale,
-                                   BLOCK_N, False, UPCAST)
+                                   BLOCK_M, BLOCK_N, False, UPCAST)
     acc, m_i, l_i = _tma_fwd_inner(acc, m_i, l_i, q, k_desc, v_desc, full_stop, S, S, qk_scale,
-                                   BLOCK_N, True, UPCAST)
+                                   BLOCK_M, BLOCK_N, True, UPCAST)
     o_desc.store([pid_m * BLOCK_M, 0], to_dtype(acc / l_i[:, None], O.dtype.element_ty, UPCAST))
 
 
@@ -81,30 +77,18 @@ def tma_attention(q, k, v, config: dict) -> torch.Tensor:
     return o
 
 
-def _allocate(size: int, alignment: int, stream):
-    """Scratch memory for the descriptors Triton builds on the device."""
-    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
-
-
 def parse_config(text: str) -> dict:
     """``128x128w8s3`` -> BLOCK_M 128, BLOCK_N 128, 8 warps, 3 stages."""
     found = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", text)
     if not found:
-        raise argparse.ArgumentTypeError(f"config {text!r}: write BLOCK_MxBLOCK_N, warps, stages as 128x128w8s3")
+        raise ValueError(f"config {text!r}: write BLOCK_MxBLOCK_N, warps, stages as 128x128w8s3")
     m, n, warps, stages = map(int, found.groups())
     return dict(BLOCK_M=m, BLOCK_N=n, num_warps=warps, num_stages=stages)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default="128x128w8s3,128x128w8s2,128x64w4s3,128x64w8s4",
-                        help="comma-separated tilings of the TMA variant, e.g. 128x128w8s3")
-    parser.add_argument("--shape", choices=tuple(SHAPES), default="release")
-    parser.add_argument("--device", default="cuda")
-    args = parser.parse_args()
-    names = args.configs.split(",")
-    configs = [parse_config(c) for c in names]
-    triton.set_allocator(_allocate)
+    args, configs = variant_cli.parse(__doc__, "128x128w8s3,128x128w8s2,128x64w4s3,128x64w8s4", "128x128w8s3",
+                                      parse_config)
     on_gpu = args.device.startswith("cuda")
     case = next(c for c in cases(SHAPES[args.shape], args.device) if c.op == "attention")
     inputs = case.make()
@@ -115,10 +99,11 @@ def main():
 
     runs = {}
     if on_gpu:
-        runs.update({f"SDPA {variant}": (lambda variant=variant: _run_sdpa(sdpa, variant)) for variant in SDPA_VARIANTS})
+        runs.update({f"SDPA {variant}": (lambda variant=variant: _run_sdpa(sdpa, variant))
+                     for variant in SDPA_VARIANTS})
     runs["h3_triton"] = lambda: attention(q, k, v)
     runs.update({f"tma {name}": (lambda config=config: tma_attention(q, k, v, config))
-                 for name, config in zip(names, configs)})
+                 for name, config in configs.items()})
     with torch.no_grad():
         reference = _run_sdpa(sdpa, "cudnn") if on_gpu else sdpa()
         base_ms = None

@@ -11,7 +11,6 @@ the next). This is a measurement to decide whether ``h3_triton.gemm`` should mov
 is compared with cuBLAS's (max abs difference, relative to the output's max) so a fast wrong kernel shows.
 """
 
-import argparse
 import re
 
 import torch
@@ -21,6 +20,8 @@ import triton.language as tl
 from h3_triton.gemm import linear
 from h3_triton.interpret import INTERPRET, mma, to_dtype
 from h3gate.bench import SHAPES, cases, median_ms
+
+import variant_cli
 
 
 @triton.jit
@@ -48,11 +49,6 @@ def _persistent_tma(a_ptr, w_ptr, c_ptr, M, N, K,
         c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], to_dtype(acc, c_ptr.dtype.element_ty, UPCAST))
 
 
-def _allocate(size: int, alignment: int, stream):
-    """Scratch memory for the descriptors Triton builds on the device."""
-    return torch.empty(size, dtype=torch.int8, device="cuda" if torch.cuda.is_available() else "cpu")
-
-
 def persistent_tma(x: torch.Tensor, weight: torch.Tensor, config: dict, programs: int) -> torch.Tensor:
     a = x.reshape(-1, x.shape[-1])
     out = torch.empty((a.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
@@ -67,31 +63,26 @@ def parse_config(text: str) -> dict:
     """``128x256x64w8s3`` -> BLOCK_M 128, BLOCK_N 256, BLOCK_K 64, 8 warps, 3 stages (GROUP_M 8)."""
     found = re.fullmatch(r"(\d+)x(\d+)x(\d+)w(\d+)s(\d+)", text)
     if not found:
-        raise argparse.ArgumentTypeError(f"config {text!r}: write BLOCK_MxBLOCK_NxBLOCK_K, warps, stages as 128x256x64w8s3")
+        raise ValueError(f"config {text!r}: write BLOCK_MxBLOCK_NxBLOCK_K, warps, stages as 128x256x64w8s3")
     m, n, k, warps, stages = map(int, found.groups())
     return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_K=k, GROUP_M=8, num_warps=warps, num_stages=stages)
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default="128x256x64w8s3,128x256x64w8s4,128x128x64w8s4,256x128x64w8s3",
-                        help="comma-separated tilings of the TMA kernel, e.g. 128x256x64w8s3")
-    parser.add_argument("--shape", choices=tuple(SHAPES), default="release")
-    parser.add_argument("--device", default="cuda")
-    args = parser.parse_args()
-    configs = [parse_config(c) for c in args.configs.split(",")]
-    triton.set_allocator(_allocate)
+    args, configs = variant_cli.parse(__doc__, "128x256x64w8s3,128x256x64w8s4,128x128x64w8s4,256x128x64w8s3",
+                                      "128x256x64w8s3", parse_config)
     on_gpu = args.device.startswith("cuda")
     programs = torch.cuda.get_device_properties(args.device).multi_processor_count if on_gpu else 4
     for case in cases(SHAPES[args.shape], args.device):
         if case.op != "linear":
             continue
-        x, weight = case.make()["x"], case.make()["weight"]
+        inputs = case.make()
+        x, weight = inputs["x"], inputs["weight"]
         reference = (x.float() @ weight.float().T).to(x.dtype) if not on_gpu else x @ weight.T
         scale = reference.float().abs().max().item()
         runs = {"cuBLAS": lambda: x @ weight.T, "h3_triton": lambda: linear(x, weight)}
-        runs.update({f"tma {c}": (lambda config=config: persistent_tma(x, weight, config, programs))
-                     for c, config in zip(args.configs.split(","), configs)})
+        runs.update({f"tma {name}": (lambda config=config: persistent_tma(x, weight, config, programs))
+                     for name, config in configs.items()})
         base_ms = None
         for name, run in runs.items():
             error = (run().float() - reference.float()).abs().max().item() / scale

@@ -5,8 +5,8 @@ Usage (GPU): python benchmarks/row_tilings.py [--rows 1,2,4,...] [--warps 4,8,16
 These kernels take their tiling from ``h3_triton.rowreduce.full_row_tiling`` (a heuristic: ~4096 elements
 per tile, 8-16 elements per thread; the norm's forward adjusts it in ``_forward_tiling``); this sweep replaces the
 forward's tiling only, times each with ``triton.testing.do_bench`` (median) and prints GB/s of activation
-traffic and its fraction of the device copy bandwidth measured in the same run, the tiling in use marked. Tilings whose tile exceeds 32768
-elements are skipped (they spill registers).
+traffic and its fraction of the device copy bandwidth measured in the same run, the tiling in use marked.
+Tilings whose tile exceeds 32768 elements are skipped (they spill registers).
 """
 
 import argparse

@@ -129,15 +129,23 @@ def _fwd_inner(acc, m_i, l_i, q, k_ptr, v_ptr, stride_kn, stride_vn, start, stop
         qk = _scores(q, tl.trans(k), BLOCK_M, BLOCK_N, UPCAST)
         if MASK_KEYS:
             qk = tl.where((offs_n < S)[None, :], qk, float("-inf"))
-        # The scaled max is the max of the scaled scores (a positive scale keeps the order and rounding is
-        # monotonic), so the scale folds into one FMA per score with the subtraction of the max.
-        m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
-        p = tl.math.exp2(qk * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = mma(to_dtype(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST)
-        m_i = m_new
+        acc, m_i, l_i = _softmax_step(acc, m_i, l_i, qk, v, qk_scale, UPCAST)
     return acc, m_i, l_i
+
+
+@triton.jit
+def _softmax_step(acc, m_i, l_i, qk, v, qk_scale, UPCAST: tl.constexpr):
+    """One key tile of the online softmax (base 2): new row max, rescaled sum and accumulator, plus P V.
+
+    The scaled max is the max of the scaled scores (a positive scale keeps the order and rounding is monotonic),
+    so the scale folds into one FMA per score with the subtraction of the max.
+    """
+    m_new = tl.maximum(m_i, tl.max(qk, 1) * qk_scale)
+    p = tl.math.exp2(qk * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = mma(to_dtype(p, v.dtype, UPCAST), v, acc * alpha[:, None], UPCAST)
+    return acc, m_new, l_i
 
 
 @triton.jit
