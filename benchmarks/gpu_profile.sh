@@ -9,8 +9,7 @@ profile() {
   phase "ncu-$name" "${NCU_LIMIT:-120}" ncu --clock-control none --profile-from-start off --csv --page details \
     --section SpeedOfLight --section Occupancy --section LaunchStats python3 benchmarks/profile_op.py "$@"
   mv "$OUT/ncu-$name.log" "$OUT/ncu-$name.csv"
-  grep -E '"(Duration|Memory Throughput|Compute \(SM\) Throughput)"' "$OUT/ncu-$name.csv" \
-    | awk -F'","' '{print "   ", $5, $(NF-2), $(NF-1), $NF}' | head -12
+  python3 benchmarks/ncu_summary.py "$OUT/ncu-$name.csv" | head -40
 }
 profile attention-fwd attention
 profile attention-fwd-cudnn attention --provider --sdpa cudnn
