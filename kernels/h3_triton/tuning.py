@@ -22,7 +22,6 @@ import hashlib
 import json
 import os
 import re
-import tempfile
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
@@ -33,6 +32,7 @@ import triton
 from filelock import FileLock
 
 from h3_triton.interpret import INTERPRET
+from h3gate.files import write_atomic
 
 
 def _autotune_setting() -> bool:
@@ -98,14 +98,7 @@ class TuningStore:
             entries = {tuple(entry["key"]): entry for entry in data.get(group, [])}
             entries.update({key: {"key": list(key), "config": config.all_kwargs()} for key, config in tuned.items()})
             data[group] = list(entries.values())
-            fd, temporary = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
-            try:
-                with os.fdopen(fd, "w") as file:
-                    json.dump(data, file, indent=1)
-                os.replace(temporary, self.path)
-            except BaseException:
-                os.unlink(temporary)
-                raise
+            write_atomic(self.path, json.dumps(data, indent=1))
 
     def _read(self) -> dict[str, list[dict]]:
         try:
