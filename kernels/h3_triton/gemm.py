@@ -12,6 +12,16 @@ Rows: an input (..., K) is addressed without copies when its leading dimensions 
 strides (``outer``, ``inner``), which covers 2-D and 3-D slices of larger buffers. The reduction over rows of
 the weight and bias gradients loops over outer blocks and then inner rows in a fixed order; no atomics, so
 results are bitwise reproducible.
+
+bfloat16 products of large matrices (the block's projections, forward and backward) take a second kernel when
+their layouts allow it, the Hopper recipe: operands read through tensor descriptors (TMA bulk copies into shared
+memory, out-of-range rows and columns filled with zeros, so no masks and no address arithmetic per element) and
+one program per SM looping over output tiles in the same grouped order, so the epilogue of one tile overlaps the
+loads of the next. On an H200 it reaches 0.93x cuBLAS at the q/k/v shape of the release model where the pointer
+kernel reaches 0.72x (``benchmarks/results/h200-perf/gemm-variants.log``). Its reduction along K is the same
+64-deep steps in the same order; it covers every product whose operands and output each have one unit stride
+and 16-byte aligned rows (:func:`_descriptor_layout`); the rest (strided views, split rows, the SiLU fusions,
+float32) run the pointer kernel.
 """
 
 import math
@@ -22,6 +32,7 @@ import triton
 import triton.language as tl
 
 from h3_triton.interpret import INTERPRET, mma, to_dtype
+from h3_triton.tma import aligned, program_slots, set_scratch_allocator
 from h3_triton.tuning import Launcher, configs
 
 DTYPES = (torch.bfloat16, torch.float32)
@@ -109,6 +120,54 @@ def _gemm_kernel(
     tl.store(c_ptrs, to_dtype(acc, c_ptr.dtype.element_ty, INTERPRETED), mask=in_c)
 
 
+@triton.jit
+def _tma_operand(desc, offset_mn, offset_k, TRANSPOSED: tl.constexpr):
+    """The (MN, K) tile of an operand stored (MN, K), or (K, MN) when ``TRANSPOSED``, as (MN, K)."""
+    if TRANSPOSED:
+        return desc.load([offset_k, offset_mn]).T
+    else:
+        return desc.load([offset_mn, offset_k])
+
+
+@triton.jit
+def _tma_gemm_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr,
+    M, N, K, s_a, s_b, s_c, s_bias,
+    A_T: tl.constexpr, B_T: tl.constexpr, HAS_BIAS: tl.constexpr, INTERPRETED: tl.constexpr, NUM_SMS: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """C (M, N) row-major = A @ B (+ bias); A is stored (M, K) or, ``A_T``, (K, M); B is stored (N, K) or,
+    ``B_T``, (K, N); ``s_*`` are the row strides of those stored matrices. Persistent: ``NUM_SMS`` programs
+    walk the output tiles in the pointer kernel's grouped order."""
+    if A_T:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[K, M], strides=[s_a, 1], block_shape=[BLOCK_K, BLOCK_M])
+    else:
+        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[s_a, 1], block_shape=[BLOCK_M, BLOCK_K])
+    if B_T:
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[s_b, 1], block_shape=[BLOCK_K, BLOCK_N])
+    else:
+        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[s_b, 1], block_shape=[BLOCK_N, BLOCK_K])
+    c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[s_c, 1], block_shape=[BLOCK_M, BLOCK_N])
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    per_group = GROUP_M * num_n
+    for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, flatten=True):
+        first_m = (tile // per_group) * GROUP_M
+        group_m = tl.minimum(num_m - first_m, GROUP_M)
+        off_m = (first_m + (tile % per_group) % group_m) * BLOCK_M
+        off_n = ((tile % per_group) // group_m) * BLOCK_N
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for ki in range(k_tiles):
+            a = _tma_operand(a_desc, off_m, ki * BLOCK_K, A_T)
+            b = _tma_operand(b_desc, off_n, ki * BLOCK_K, B_T)
+            acc = mma(a, b.T, acc, INTERPRETED)
+        if HAS_BIAS:
+            rn = off_n + tl.arange(0, BLOCK_N)
+            acc += tl.load(bias_ptr + rn * s_bias, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+        c_desc.store([off_m, off_n], to_dtype(acc, c_ptr.dtype.element_ty, INTERPRETED))
+
+
 def _launcher(bf16_rows: list[tuple[int, int, int, int]], fp32_rows: list[tuple[int, int, int, int]],
               interpreter_block_m: int) -> Launcher:
     """Tuned on the GEMM's sizes over rows of (BLOCK_M, BLOCK_N, num_warps, num_stages) per dtype, preferred first.
@@ -132,6 +191,15 @@ _TILED = _launcher(
     [(128, 256, 8, 3), (256, 128, 8, 3), (128, 256, 8, 4), (128, 128, 8, 3), (128, 128, 4, 4), (128, 128, 8, 4)],
     [(128, 64, 8, 3), (64, 128, 8, 3), (64, 64, 4, 3)],
     interpreter_block_m=128,
+)
+# The TMA kernel, bfloat16 only: 128x256 with 3 stages is the measured best at the release q/k/v shape (0.93x
+# cuBLAS on an H200); 4 stages of it need 262 KB of shared memory, past the 227 KiB an SM has.
+_DESCRIBED = Launcher(
+    _tma_gemm_kernel,
+    {2: configs([(128, 256, 8, 3), (256, 128, 8, 3), (128, 128, 8, 4), (128, 128, 4, 4)], ("BLOCK_M", "BLOCK_N"),
+                BLOCK_K=64, GROUP_M=8)},
+    key=["M", "N", "K", "A_T", "B_T"],
+    interpreter={"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8},
 )
 # GEMV-like: memory bound, a 16-row tile spans all rows and each program streams a BLOCK_N slice of B.
 _SKINNY = _launcher(
@@ -195,10 +263,45 @@ def _rows_compatible(*ts: torch.Tensor) -> bool:
     return len(set().union(*map(_row_breaks, ts))) <= 1
 
 
+def _descriptor_layout(mat: _Mat) -> tuple[bool, int] | None:
+    """(whether the unit stride runs along the columns, the other stride) of a matrix a tensor descriptor can
+    read; None if it has no unit stride or is not 16-byte aligned."""
+    for unit_on_cols, (unit, other) in ((True, (mat.cols[1], mat.rows[1])), (False, (mat.rows[1], mat.cols[1]))):
+        if unit == 1:
+            return (unit_on_cols, other) if aligned(mat.t, (other,)) else None
+    return None
+
+
+def _described_matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, bias: torch.Tensor | None) -> bool:
+    """``c = a @ b (+ bias)`` through the TMA kernel if it suits the operands (see the module docstring);
+    False, having done nothing, if not. A column-major ``c`` is computed as the product c^T = b^T a^T."""
+    if c.t.dtype != torch.bfloat16 or m.inner != m.count or k.inner != k.count:
+        return False
+    if c.cols[1] != 1 and bias is None:
+        a, b, c, m, n = b.T, a.T, c.T, _Axis.flat(n), m.count
+    if m.count <= _SKINNY_ROWS:
+        return False
+    layouts = [_descriptor_layout(x) for x in (a, b, c)]
+    if None in layouts or not layouts[2][0]:
+        return False
+    (a_rows, s_a), (b_cols, s_b), (_, s_c) = layouts
+    slots = program_slots(c.t.device)
+    set_scratch_allocator()
+    _DESCRIBED(
+        lambda meta: (min(slots, triton.cdiv(m.count, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),),
+        a.t, b.t, c.t, c.t if bias is None else bias,
+        m.count, n, k.count, s_a, s_b, s_c, 0 if bias is None else bias.stride(0),
+        A_T=not a_rows, B_T=b_cols, HAS_BIAS=bias is not None, INTERPRETED=INTERPRET, NUM_SMS=slots,
+    )
+    return True
+
+
 def _matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, *, bias: torch.Tensor | None = None,
             z: _Mat | None = None, a_silu: bool = False) -> None:
     """``c = act(a) @ b (+ bias) (* silu'(z))`` for a (m, k) @ (k, n); ``z`` is laid out like ``c``."""
     if m.count == 0 or n == 0:
+        return
+    if z is None and not a_silu and _described_matmul(a, b, c, m, n, k, bias):
         return
     launch = _SKINNY if m.count <= _SKINNY_ROWS else _TILED
     z_args = (*z.rows, z.cols[1]) if z is not None else (0, 0, 0)

@@ -2,9 +2,12 @@
 
 diffusers runs ``_apply_rotary_emb(norm_q(q), cos, sin)`` as an RMSNorm, a cast of cos/sin to bf16, slices,
 a negation, two concatenations and a final ``.contiguous()``: about ten passes over q. Here one program
-normalises a tile of (batch, seq, head) rows in float32, rotates their leading ``R = cos.shape[-1]`` channels
+normalises every head of a few positions in float32, rotates their leading ``R = cos.shape[-1]`` channels
 with the rotate-half convention (channel c pairs with c +- R/2) and passes the rest through, rounding once.
-The partner channel is a second load of the row just read, served from cache.
+The partner channel is a second load of the row just read, served from cache; cos and sin are loaded once per
+position for all its heads (tiling (batch, seq, head) rows instead loaded them per row, three times the bytes
+of x at release: 63% of the copy bandwidth on an H200 against 74% this way,
+``benchmarks/results/h200-perf/rope-variants.log``).
 
 Backward recomputes the row statistics from x; the weight gradient is a row sum, reduced deterministically
 through :mod:`h3_triton.rowreduce`. cos and sin are constants of the positions and get no gradient.
@@ -32,35 +35,41 @@ def _head_rows(rows, seq_len, heads):
 @triton.jit
 def _forward_kernel(
     x_ptr, w_ptr, cos_ptr, sin_ptr, y_ptr,
-    n_rows, seq_len, heads, dim, rotary, eps,
+    n_positions, seq_len, heads, dim, rotary, eps,
     sx_b, sx_s, sx_h, sx_d, s_w, s_cos_s, s_cos_d, s_sin_s, s_sin_d,
-    ROPE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+    ROPE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
-    rows = tl.program_id(0).to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_mask = rows < n_rows
+    """A (positions, heads, channels) tile: all heads of BLOCK_P positions, so each position's cos and sin
+    are loaded once for all its heads."""
+    positions = tl.program_id(0).to(tl.int64) * BLOCK_P + tl.arange(0, BLOCK_P)
+    batch = positions // seq_len
+    seq = positions - batch * seq_len
+    h = tl.arange(0, BLOCK_H)
     cols = tl.arange(0, BLOCK_D)
     col_mask = cols < dim
-    mask = row_mask[:, None] & col_mask[None, :]
-    batch, seq, head = _head_rows(rows, seq_len, heads)
-    x_row = x_ptr + (batch * sx_b + seq * sx_s + head * sx_h)[:, None]
-    x = tl.load(x_row + cols[None, :] * sx_d, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / dim + eps)
+    head_mask = (positions < n_positions)[:, None] & (h < heads)[None, :]
+    mask = head_mask[:, :, None] & col_mask[None, None, :]
+    x_row = x_ptr + (batch * sx_b + seq * sx_s)[:, None, None] + (h * sx_h)[None, :, None]
+    x = tl.load(x_row + cols[None, None, :] * sx_d, mask=mask, other=0.0).to(tl.float32)
+    rstd = tl.rsqrt(tl.sum(x * x, axis=2) / dim + eps)[:, :, None]
     w = tl.load(w_ptr + cols * s_w, mask=col_mask, other=0.0).to(tl.float32)
-    y = x * rstd[:, None] * w[None, :]
+    y = x * rstd * w[None, None, :]
     if ROPE:
         half = rotary // 2
         rot_cols = cols < rotary
-        rot_mask = row_mask[:, None] & rot_cols[None, :]
         partner = tl.where(cols < half, cols + half, cols - half)
-        x_p = tl.load(x_row + partner[None, :] * sx_d, mask=rot_mask, other=0.0).to(tl.float32)
+        x_p = tl.load(x_row + partner[None, None, :] * sx_d, mask=mask & rot_cols[None, None, :],
+                      other=0.0).to(tl.float32)
         w_p = tl.load(w_ptr + partner * s_w, mask=rot_cols, other=0.0).to(tl.float32)
+        rot_mask = (positions < n_positions)[:, None] & rot_cols[None, :]
         cos = tl.load(cos_ptr + seq[:, None] * s_cos_s + cols[None, :] * s_cos_d, mask=rot_mask, other=1.0)
         sin = tl.load(sin_ptr + seq[:, None] * s_sin_s + cols[None, :] * s_sin_d, mask=rot_mask, other=0.0)
         # rotate_half(n) = cat(-n2, n1): channel c < R/2 takes -n[c + R/2], channel c >= R/2 takes n[c - R/2].
         sign = tl.where(cols < half, -1.0, 1.0)
-        rotated = x_p * rstd[:, None] * (sign * w_p)[None, :]
-        y = y * cos.to(tl.float32) + rotated * sin.to(tl.float32)
-    tl.store(y_ptr + rows[:, None] * dim + cols[None, :], to_dtype(y, y_ptr.dtype.element_ty, UPCAST), mask=mask)
+        rotated = x_p * rstd * (sign * w_p)[None, None, :]
+        y = y * cos.to(tl.float32)[:, None, :] + rotated * sin.to(tl.float32)[:, None, :]
+    out = y_ptr + ((positions * heads)[:, None] + h[None, :])[:, :, None] * dim + cols[None, None, :]
+    tl.store(out, to_dtype(y, y_ptr.dtype.element_ty, UPCAST), mask=mask)
 
 
 @triton.jit
@@ -121,15 +130,17 @@ class _QKNormRope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, cos, sin):
         batch, seq_len, heads, dim = x.shape
-        tiling = full_row_tiling(dim, "x")
-        n_rows = batch * seq_len * heads
+        tiling = full_row_tiling(triton.next_power_of_2(heads) * dim, "heads x head_dim of x")
+        block_h = triton.next_power_of_2(heads)
+        n_positions = batch * seq_len
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         rotary, *rope_strides = _rope_args(cos, sin)
-        _forward_kernel[(triton.cdiv(n_rows, tiling.rows),)](
+        _forward_kernel[(triton.cdiv(n_positions, tiling.rows),)](
             x, weight, cos, sin, y,
-            n_rows, seq_len, heads, dim, rotary, eps,
+            n_positions, seq_len, heads, dim, rotary, eps,
             *x.stride(), weight.stride(0), *rope_strides,
-            ROPE=cos is not None, BLOCK_M=tiling.rows, BLOCK_D=tiling.width, num_warps=tiling.warps,
+            ROPE=cos is not None, BLOCK_P=tiling.rows, BLOCK_H=block_h, BLOCK_D=tiling.width // block_h,
+            num_warps=tiling.warps,
         )
         ctx.save_for_backward(x, weight, cos, sin)
         ctx.eps = eps

@@ -9,8 +9,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from h3_triton import gemm
 from h3_triton.interpret import INTERPRET
 from h3_triton.gemm import linear, silu_linear
+from sm90 import compile_for_h200
 
 
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -128,6 +130,47 @@ def test_bfloat16_rounds_to_nearest_even():
     assert torch.equal(linear(x, weight), (x.float() @ weight.float().T).to(torch.bfloat16))
 
 
+@pytest.fixture
+def described_launches(monkeypatch):
+    """The (A_T, B_T) of every launch of the TMA GEMM kernel."""
+    launches = []
+    launcher = gemm._DESCRIBED
+
+    def recording(grid, *args, **meta):
+        launches.append((meta["A_T"], meta["B_T"]))
+        return launcher(grid, *args, **meta)
+
+    monkeypatch.setattr(gemm, "_DESCRIBED", recording)
+    return launches
+
+
+def test_aligned_bfloat16_runs_the_descriptor_kernel(described_launches):
+    """Rows on 16-byte boundaries (pad 8 bfloat16 values) send the forward, the input gradient and the weight
+    gradient through the TMA kernel, one stored layout each; ragged M, N, K and NaN around every view."""
+    dtype, aligned = torch.bfloat16, (8,)
+    x, weight = carved((130, 200), dtype, 1, aligned), carved((136, 200), dtype, 2, aligned)
+    bias = carved((136,), dtype, 3, aligned)
+    check(linear, F.linear, [x, weight, bias], carved((130, 136), dtype, 4, aligned), ["y", "dx", "dw", "db"])
+    # forward (x, W), dx = dy @ W (W read as stored), dW = dy^T x (dy read transposed)
+    assert described_launches[:3] == [(False, False), (False, True), (True, True)]
+
+
+def test_unaligned_rows_run_the_pointer_kernel(described_launches):
+    x = carved((130, 200), torch.bfloat16, 1)  # PAD = 2 values: 4 bytes off the boundary
+    check(linear, F.linear, [x, carved((136, 200), torch.bfloat16, 2, (8,)), None],
+          carved((130, 136), torch.bfloat16, 4, (8,)), ["y", "dx", "dw"])
+    assert described_launches == [(False, True)]  # dx = dy @ W alone has aligned operands
+
+
+def test_descriptor_kernel_rounds_to_nearest_even(described_launches):
+    """The TMA kernel's epilogue rounds like torch: K = 8 with one nonzero column keeps the sum exact."""
+    x = torch.zeros(130, 8, dtype=torch.bfloat16, device=DEVICE)
+    x[:, 0] = carved((130,), torch.bfloat16, 1, (8,))
+    weight = carved((200, 8), torch.bfloat16, 2, (8,))
+    assert torch.equal(linear(x, weight), (x.float() @ weight.float().T).to(torch.bfloat16))
+    assert described_launches == [(False, False)]
+
+
 def test_output_dtypes():
     temb = torch.randn(3, 48, device=DEVICE)
     weight = torch.randn(80, 48, dtype=torch.bfloat16, device=DEVICE)
@@ -162,3 +205,21 @@ W = torch.zeros(80, 48)
 def test_bad_inputs_are_named(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+COMPILE_FOR_H200 = """
+import h3_triton.gemm as G
+
+for config in G._DESCRIBED.tilings[2]:
+    for a_t, b_t in ((False, False), (False, True), (True, True)):  # forward, dx, dW as _described_matmul runs them
+        consts = dict(config.kwargs, A_T=a_t, B_T=b_t, HAS_BIAS=True, INTERPRETED=False, NUM_SMS=132)
+        done = compile_(G._tma_gemm_kernel, consts, dict.fromkeys(("a_ptr", "b_ptr", "c_ptr", "bias_ptr"), "*bf16"),
+                        config.num_warps, config.num_stages)
+        assert "cp.async.bulk.tensor" in done.asm["ptx"] and "wgmma" in done.asm["ptx"], (config, a_t, b_t)
+"""
+
+
+def test_descriptor_kernel_compiles_for_h200():
+    """Every tiling of the TMA GEMM in every operand layout compiles for sm_90 to TMA copies feeding wgmma, within
+    the 227 KiB of shared memory an SM has."""
+    compile_for_h200(COMPILE_FOR_H200)

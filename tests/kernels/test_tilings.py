@@ -2,7 +2,8 @@
 
 Each config of each tuned launcher is forced in turn and the op that launches it is checked by the kernel
 gate's own rule (error against float64 vs torch's, bitwise repeatability, NaN padding) at the op's explicit
-example shape, which is ragged against every tile size. On a GPU every config runs (warps and stages change
+example shape, which is ragged against every tile size; the test also asserts that the forced launcher ran.
+Where the first example does not reach a launcher, the test names another (:data:`DIMS`). On a GPU every config runs (warps and stages change
 the generated code); under the interpreter only the tile sizes matter, so configs that share them run once.
 """
 
@@ -21,11 +22,16 @@ from h3_triton.tuning import LAUNCHERS
 from h3gate.gates.kernel import OP_SPECS, evaluate
 
 DEVICE = "cpu" if INTERPRET else "cuda"
-GEMMS = (gemm._TILED, gemm._SKINNY)
 USERS = {
     "attention": (attention._fwd, attention._delta, attention._dkdv, attention._dq),
-    "linear": GEMMS,
-    "silu_linear": GEMMS,
+    "linear": (gemm._TILED, gemm._DESCRIBED, gemm._SKINNY),
+    "silu_linear": (gemm._TILED, gemm._SKINNY),
+}
+# Where an op's first example does not reach a launcher: 190 bfloat16 values are 380 bytes, not a multiple of
+# 16, so x and the weight take the pointer kernel; the skinny one computes linear's bias gradient.
+DIMS = {
+    ("linear", gemm._TILED): {**OP_SPECS["linear"].examples[0], "k": 190},
+    ("linear", gemm._SKINNY): OP_SPECS["linear"].examples[1],
 }
 DTYPES = {2: torch.bfloat16, 4: torch.float32}
 
@@ -69,13 +75,29 @@ def test_forcing_reaches_the_launch(monkeypatch):
     torch.testing.assert_close(out, expected)
 
 
+class _Counting:
+    """A jit function's stand-in that counts its launches."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.launches = 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
 @pytest.mark.parametrize("op, launcher, dtype, config", list(_cases()))
-def test_tiling(op, launcher, dtype, config):
+def test_tiling(op, launcher, dtype, config, monkeypatch):
     spec = OP_SPECS[op]
+    name, counting = launcher.name, _Counting(launcher.kernel)
+    monkeypatch.setattr(launcher, "kernel", counting)
+    dims = DIMS.get((op, launcher), spec.examples[0])
     with launcher.forcing(config):
-        checks = evaluate(spec, KERNEL_OPS[op], spec.examples[0], dtype, DEVICE, seed=0)
+        checks = evaluate(spec, KERNEL_OPS[op], dims, dtype, DEVICE, seed=0)
     failed = [c.line() for c in checks if not c.passed]
     assert checks and not failed, "\n".join(failed)
+    assert counting.launches, f"{name} never ran for {op}; the sweep would not have tested {config}"
 
 
 @pytest.mark.parametrize("value, ok", [("0", True), ("1", True), ("false", False), ("", False)])
