@@ -414,6 +414,14 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         raise ValueError("attention: the sequence is empty (S == 0); softmax over no keys is undefined")
 
 
+def _contraction(dtype: torch.dtype) -> dict:
+    """Launch options: float32 compiles without FMA contraction, so a GPU computes what the interpreter (which
+    never fuses) verified: a score scaled and then shifted by the row max rounds like the max did, and a row's
+    largest probability is exactly 1 (fused, it is exp2 of the multiply's rounding residual). float32 is the
+    correctness path; bfloat16, the speed path, keeps the FMAs."""
+    return {"enable_fp_fusion": False} if dtype == torch.float32 else {}
+
+
 def _grid(B: int, H: int, S: int, block: str):
     return lambda meta: (triton.cdiv(S, meta[block]), B * H)
 
@@ -434,7 +442,7 @@ class _FlashAttention(torch.autograd.Function):
             q, k, v, o, row_max, row_log_sum,
             *_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(o),
             H, S, sm_scale * math.log2(math.e),
-            HEAD_DIM=D, DESCRIBED=described, UPCAST=INTERPRET,
+            HEAD_DIM=D, DESCRIBED=described, UPCAST=INTERPRET, **_contraction(q.dtype),
         )
         ctx.save_for_backward(q, k, v, o, row_max, row_log_sum)
         return o
@@ -450,7 +458,7 @@ class _FlashAttention(torch.autograd.Function):
         _delta(
             _grid(B, H, S, "BLOCK_M"),
             o, do, delta, *_outer_strides(o), *_outer_strides(do), H, S,
-            HEAD_DIM=D, UPCAST=INTERPRET,
+            HEAD_DIM=D, UPCAST=INTERPRET, **_contraction(q.dtype),
         )
         dq = torch.empty((B, S, H, D), dtype=q.dtype, device=q.device)
         dk = torch.empty_like(dq)
@@ -460,12 +468,12 @@ class _FlashAttention(torch.autograd.Function):
         _dkdv(
             _grid(B, H, S, "BLOCK_N"),
             q, k, v, do, row_max, row_log_sum, delta, dk, dv, *common,
-            HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET,
+            HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET, **_contraction(q.dtype),
         )
         _dq(
             _grid(B, H, S, "BLOCK_M"),
             q, k, v, do, row_max, row_log_sum, delta, dq, *common,
-            HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET,
+            HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET, **_contraction(q.dtype),
         )
         return dq, dk, dv
 
