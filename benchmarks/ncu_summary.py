@@ -2,9 +2,8 @@
 
 Usage: python benchmarks/ncu_summary.py NCU_LOG [--metrics "Duration,Memory Throughput,..."]
 
-The log mixes ncu's CSV rows with the profiled program's own output and ``==PROF==`` notes; only rows of the
-CSV (those with the header's column count) are read, with the csv module, so quoted kernel names with commas
-survive.
+The log mixes ncu's CSV rows with the profiled program's own output and ``==PROF==`` notes; only quoted rows
+are read, with the csv module, so quoted kernel names with commas survive.
 """
 
 import argparse
@@ -26,10 +25,12 @@ def summary(lines, metrics) -> list[tuple[str, str, str, str]]:
     missing = [name for name in needed if name not in column]
     if missing:
         raise ValueError(f"not an ncu --csv --page details log: no column {', '.join(missing)}")
+    # Metric rows end at their value: ncu leaves out the trailing rule columns they do not fill.
+    width = max(column[name] for name in needed) + 1
     return [
         tuple(row[column[name]] for name in needed)
         for row in rows
-        if len(row) == len(header) and row[column["Metric Name"]] in metrics
+        if len(row) >= width and row[column["Metric Name"]] in metrics
     ]
 
 

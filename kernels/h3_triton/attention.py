@@ -46,8 +46,11 @@ def _launcher(kernel, names: tuple[str, ...], rows: dict[int, tuple[tuple[int, .
 # (tiles..., num_warps, num_stages) per element size, the tiling of H3_TRITON_AUTOTUNE=0 first. The forward's
 # best measured on an H200 at S=38,222, D=128 is BLOCK_M 128, BLOCK_N 128, 8 warps, 3 stages: 224 of the
 # 227 KiB of shared memory at D=128, so 4 stages only run with BLOCK_N 64. The sets stay small because each
-# new S is tuned afresh. float32 dots run as IEEE FMAs (no tensor cores): one tiling each that fits (the bf16
-# ones do not) and compiles in under a minute, since float32 is a correctness path, not a speed path.
+# new S is tuned afresh. The backward's first tilings are the fastest of ``benchmarks/attention_tilings.py`` on an
+# H200 at that shape (``results/h200-perf/attention-tilings.log``): dK/dV at 64 x 128 takes the backward from
+# 590 to 291 ms against 32 x 128, dQ at 128 x 64 another 18 ms. float32 dots run as IEEE FMAs (no tensor cores):
+# one tiling each that fits (the bf16 ones do not) and compiles in under a minute, since float32 is a
+# correctness path, not a speed path.
 _FWD_ROWS = {
     2: ((128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 4, 3),
         (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 64, 8, 4)),
@@ -55,11 +58,11 @@ _FWD_ROWS = {
 }
 _DELTA_ROWS = {2: ((128, 4, 1), (64, 4, 1)), 4: ((64, 4, 1),)}
 _DKDV_ROWS = {
-    2: ((32, 128, 4, 3), (32, 128, 8, 3), (64, 128, 8, 3), (64, 128, 8, 2), (64, 64, 4, 3)),
+    2: ((64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3)),
     4: ((32, 64, 4, 2),),
 }
 _DQ_ROWS = {
-    2: ((128, 32, 4, 3), (128, 64, 8, 3), (128, 64, 4, 3), (64, 64, 4, 3), (128, 128, 8, 2)),
+    2: ((128, 64, 8, 3), (128, 128, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 4, 3)),
     4: ((64, 32, 4, 2),),
 }
 
