@@ -10,6 +10,7 @@ import contextlib
 import time
 
 import torch
+from torch.autograd import DeviceType
 
 from h3gate import numerics, taps
 from h3gate.candidates import Candidate, CandidateError
@@ -65,10 +66,38 @@ def errors_against(store: taps.TapStore, reference: taps.TapStore) -> dict[str, 
     return {name: compare(store[name], reference[name]) for name in store if name in reference}
 
 
+_PHASE = "h3gate:"
+
+
 @contextlib.contextmanager
 def timed(timings: dict, phase: str):
+    """Adds the phase's seconds to ``timings[phase]``, counting the GPU work it queued (it waits for the device at
+    the end). The phase is also a profiler range ``h3gate:<phase>``, which ``benchmarks/model_gate_phases.py
+    --profile`` splits into time in GPU kernels and time outside them."""
     start = time.perf_counter()
     try:
-        yield
+        with torch.profiler.record_function(_PHASE + phase):
+            yield
+            if torch.cuda.is_initialized():
+                torch.cuda.synchronize()
     finally:
         timings[phase] = timings.get(phase, 0.0) + time.perf_counter() - start
+
+
+def kernel_seconds(profile) -> dict[str, float]:
+    """Seconds of GPU kernels inside each :func:`timed` phase of a ``torch.profiler`` run, summed per phase.
+
+    A kernel counts for the part of its GPU time that falls inside the phase's range: kineto puts CPU and GPU
+    events on one clock, and a phase waits for the device before it ends. Memory copies and fills are not
+    kernels; they count as the gate's own work, with the taps they move.
+    """
+    events = profile.events()
+    spans = [(e.name.removeprefix(_PHASE), e.time_range) for e in events
+             if e.device_type == DeviceType.CPU and e.name.startswith(_PHASE)]
+    kernels = [e.time_range for e in events
+               if e.device_type == DeviceType.CUDA and not e.name.startswith((_PHASE, "Memcpy", "Memset"))]
+    seconds: dict[str, float] = {}
+    for phase, span in spans:
+        inside = sum(max(0, min(k.end, span.end) - max(k.start, span.start)) for k in kernels)
+        seconds[phase] = seconds.get(phase, 0.0) + inside / 1e6
+    return seconds
