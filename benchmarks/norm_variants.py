@@ -13,7 +13,6 @@ element, the sum of squares in another order; every variant's output is compared
 difference) so a fast wrong kernel shows.
 """
 
-import argparse
 import re
 
 import torch
@@ -23,6 +22,8 @@ import triton.language as tl
 from h3_triton.interpret import INTERPRET, to_dtype
 from h3_triton.norm import rms_norm_modulate
 from h3gate.bench import SHAPES, cases, ceilings, median_ms
+
+import variant_cli
 
 
 @triton.jit
@@ -72,16 +73,7 @@ def parse_config(text: str) -> dict:
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    default = "c512w2,c512w4,c1024w4,c1024w8,c2048w8"
-    parser.add_argument("--configs", default=default, help=f"comma-separated chunk/warps (default: {default})")
-    parser.add_argument("--shape", choices=tuple(SHAPES), default="release")
-    parser.add_argument("--device", default="cuda")
-    args = parser.parse_args()
-    try:
-        configs = {name: parse_config(name) for name in args.configs.split(",")}
-    except ValueError as error:
-        parser.error(str(error))
+    args, configs = variant_cli.parse(__doc__, "c512w2,c512w4,c1024w4,c1024w8,c2048w8", parse_config)
     on_gpu = args.device.startswith("cuda")
     copy = ceilings(args.device)["copy_gbps"] if on_gpu else None
     case = next(c for c in cases(SHAPES[args.shape], args.device) if c.op == "rms_norm_modulate")
