@@ -264,11 +264,11 @@ def _rows_compatible(*ts: torch.Tensor) -> bool:
 
 
 def _descriptor_layout(mat: _Mat) -> tuple[bool, int] | None:
-    """(whether the unit stride runs along the columns, the other stride) of a matrix a tensor descriptor can
-    read; None if it has no unit stride or is not 16-byte aligned."""
-    for unit_on_cols, (unit, other) in ((True, (mat.cols[1], mat.rows[1])), (False, (mat.rows[1], mat.cols[1]))):
+    """(whether it is row-major, the stride of its other axis) for a matrix a tensor descriptor can read; None
+    if neither axis has unit stride or it is not 16-byte aligned."""
+    for row_major, (unit, other) in ((True, (mat.cols[1], mat.rows[1])), (False, (mat.rows[1], mat.cols[1]))):
         if unit == 1:
-            return (unit_on_cols, other) if aligned(mat.t, (other,)) else None
+            return (row_major, other) if aligned(mat.t, (other,)) else None
     return None
 
 
@@ -284,14 +284,14 @@ def _described_matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, bia
     layouts = [_descriptor_layout(x) for x in (a, b, c)]
     if None in layouts or not layouts[2][0]:
         return False
-    (a_rows, s_a), (b_cols, s_b), (_, s_c) = layouts
+    (a_row_major, s_a), (b_row_major, s_b), (_, s_c) = layouts
     slots = program_slots(c.t.device)
     set_scratch_allocator()
     _DESCRIBED(
         lambda meta: (min(slots, triton.cdiv(m.count, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),),
         a.t, b.t, c.t, c.t if bias is None else bias,
         m.count, n, k.count, s_a, s_b, s_c, 0 if bias is None else bias.stride(0),
-        A_T=not a_rows, B_T=b_cols, HAS_BIAS=bias is not None, INTERPRETED=INTERPRET, NUM_SMS=slots,
+        A_T=not a_row_major, B_T=b_row_major, HAS_BIAS=bias is not None, INTERPRETED=INTERPRET, NUM_SMS=slots,
     )
     return True
 
