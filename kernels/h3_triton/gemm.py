@@ -56,6 +56,16 @@ def _row_offsets(rows, inner, s_outer, s_inner, SPLIT: tl.constexpr):
 
 
 @triton.jit
+def _grouped_tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
+    """(row block, column block) of output tile number ``tile`` in grouped order: GROUP_M row blocks take each
+    column block in turn, so programs running together share operand panels in L2."""
+    per_group = GROUP_M * num_n
+    first_m = (tile // per_group) * GROUP_M
+    group_m = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (tile % per_group) % group_m, (tile % per_group) // group_m
+
+
+@triton.jit
 def _gemm_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
     M, N, M_INNER, K_OUTER, K_INNER,
@@ -73,14 +83,7 @@ def _gemm_kernel(
     INTERPRETED selects the interpreter's workarounds: float32 operands for bfloat16 dots (``mma``'s UPCAST)
     and rounding on the bits (``to_dtype``).
     """
-    pid = tl.program_id(0)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_m = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_m
-    pid_n = (pid % per_group) // group_m
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -151,12 +154,10 @@ def _tma_gemm_kernel(
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
-    per_group = GROUP_M * num_n
     for tile in tl.range(tl.program_id(0), num_m * num_n, NUM_SMS, flatten=True):
-        first_m = (tile // per_group) * GROUP_M
-        group_m = tl.minimum(num_m - first_m, GROUP_M)
-        off_m = (first_m + (tile % per_group) % group_m) * BLOCK_M
-        off_n = ((tile % per_group) // group_m) * BLOCK_N
+        pid_m, pid_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
+        off_m = pid_m * BLOCK_M
+        off_n = pid_n * BLOCK_N
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
         for ki in range(k_tiles):
             a = _tma_operand(a_desc, off_m, ki * BLOCK_K, A_T)

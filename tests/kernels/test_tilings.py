@@ -3,8 +3,9 @@
 Each config of each tuned launcher is forced in turn and the op that launches it is checked by the kernel
 gate's own rule (error against float64 vs torch's, bitwise repeatability, NaN padding) at the op's explicit
 example shape, which is ragged against every tile size; the test also asserts that the forced launcher ran.
-Where the first example does not reach a launcher, the test names another (:data:`DIMS`). On a GPU every config runs (warps and stages change
-the generated code); under the interpreter only the tile sizes matter, so configs that share them run once.
+Where the first example does not reach a launcher, the test names another (:data:`DIMS`). On a GPU every config
+runs (warps and stages change the generated code); under the interpreter only the tile sizes matter, so configs
+that share them run once.
 """
 
 import os
