@@ -41,5 +41,6 @@ def _multiprocessors(index: int) -> int:
 
 
 def program_slots(device: torch.device) -> int:
-    return _INTERPRETER_SLOTS if INTERPRET else _multiprocessors(device.index if device.index is not None else
-                                                                  torch.cuda.current_device())
+    if INTERPRET:
+        return _INTERPRETER_SLOTS
+    return _multiprocessors(device.index if device.index is not None else torch.cuda.current_device())
