@@ -130,8 +130,8 @@ class _QKNormRope(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps, cos, sin):
         batch, seq_len, heads, dim = x.shape
-        tiling = full_row_tiling(triton.next_power_of_2(heads) * dim, "heads x head_dim of x")
         block_h = triton.next_power_of_2(heads)
+        tiling = full_row_tiling(block_h * dim, "heads x head_dim of x")
         n_positions = batch * seq_len
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         rotary, *rope_strides = _rope_args(cos, sin)

@@ -7,8 +7,8 @@ same GPU model tuned. Triton's own ``cache_results`` is not used: it keys by GPU
 H200 sharing ``~/.triton`` would run each other's tilings. A stored tiling is only taken if it is still in the
 launcher's list; anything else is tuned afresh.
 
-``H3_TRITON_AUTOTUNE=0`` (read at import) pins every kernel to the first tiling of its list (for the attention
-forward and the tiled GEMM the fastest measured at release shapes on an H200): no timing runs, nothing is read or
+``H3_TRITON_AUTOTUNE=0`` (read at import) pins every kernel to the first tiling of its list (for attention and
+the GEMMs the fastest measured at release shapes on an H200): no timing runs, nothing is read or
 written, and the tiling, and so the bits of kernels whose reduction order follows it (attention's key blocks), no
 longer depend on timings a machine happened to measure.
 The kernel gate on a GPU runs this way (tuning every hypothesis-drawn shape afresh costs minutes per op), and
