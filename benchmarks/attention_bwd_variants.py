@@ -10,7 +10,7 @@ FlashAttention's backward has five; it runs at 0.70x the provider's backward on 
 FlashAttention-3: the dK/dV program also forms its key block's share of dQ, dS^T K, and adds it to a float32
 accumulator of the query tile in key-block order, waiting on a per-tile counter until the key blocks before it
 have added theirs (acquire), then bumping it (release). The sum order is fixed, so results are bitwise
-reproducible; the last key block writes dQ in the inputs' dtype. Programs are dispatched in key-block order
+reproducible; the float32 sums are scaled and rounded to the inputs' dtype afterwards. Programs are dispatched in key-block order
 within a head, so a program only ever waits for one that is already running. Every variant's gradients are
 compared with h3_triton's (max abs difference) so a fast wrong kernel shows.
 """
@@ -31,26 +31,29 @@ import variant_cli
 
 
 @triton.jit
-def _ordered_add(acc_ptrs, part, lock, pid_n, rows, last: tl.constexpr):
-    """``part`` plus what the key blocks before ``pid_n`` left at ``acc_ptrs``, in key-block order; returns the
-    sum (stored for the next block unless ``last``)."""
+def _ordered_add(acc_ptrs, part, lock, pid_n, rows):
+    """Adds ``part`` to what the key blocks before ``pid_n`` left at ``acc_ptrs``, in key-block order.
+
+    One code path for every key block: Triton 3.6's software pipeliner fails on sm_90 when the loop holds this
+    wait in two branches (the last key block writing dQ itself), so the last block stores its sum like the
+    others and :func:`fused_backward` rounds the float32 sums afterwards, as FlashAttention-3 does.
+    """
     seen = tl.atomic_add(lock, 0, sem="acquire")
     while seen != pid_n:
         seen = tl.atomic_add(lock, 0, sem="acquire")
     if pid_n > 0:
         part += tl.load(acc_ptrs, mask=rows[:, None], other=0.0, cache_modifier=".cg")
-    if not last:
-        tl.store(acc_ptrs, part, mask=rows[:, None])
+    tl.store(acc_ptrs, part, mask=rows[:, None])
     tl.debug_barrier()
     tl.atomic_xchg(lock, pid_n + 1, sem="release")
-    return part
 
 
 @triton.jit
-def _fused_bwd(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV, DQ, DQ_ACC, LOCKS,
-               stride_b, stride_s, stride_h, H, S, M_BLOCKS, N_BLOCKS, sm_scale, qk_scale,
+def _fused_bwd(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV, DQ_ACC, LOCKS,
+               stride_b, stride_s, stride_h, H, S, M_BLOCKS, sm_scale, qk_scale,
                HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
-    """dK, dV of one key block and its share of dQ; every tensor of (B, S, H, D) shares one layout."""
+    """dK, dV of one key block and its share of dQ (unscaled, float32, in DQ_ACC of (B*H, S, D)); every tensor
+    of (B, S, H, D) shares one layout."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     base = _heads_base(pid_bh, H, stride_b, stride_h)
@@ -81,12 +84,7 @@ def _fused_bwd(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV, DQ, DQ_ACC, LOC
         dk = mma(ds_t, q, dk, UPCAST)
         part = mma(tl.trans(ds_t), k, tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32), UPCAST)
         acc_ptrs = acc_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        lock = LOCKS + pid_bh * M_BLOCKS + mb
-        if pid_n == N_BLOCKS - 1:
-            dq = _ordered_add(acc_ptrs, part, lock, pid_n, rows, True)
-            tl.store(DQ + q_off, to_dtype(dq * sm_scale, DQ.dtype.element_ty, UPCAST), mask=rows[:, None])
-        else:
-            _ordered_add(acc_ptrs, part, lock, pid_n, rows, False)
+        _ordered_add(acc_ptrs, part, LOCKS + pid_bh * M_BLOCKS + mb, pid_n, rows)
     tl.store(DK + kv_off, to_dtype(dk * sm_scale, DK.dtype.element_ty, UPCAST), mask=keys)
     tl.store(DV + kv_off, to_dtype(dv, DV.dtype.element_ty, UPCAST), mask=keys)
 
@@ -101,16 +99,17 @@ def fused_backward(out: torch.Tensor, do: torch.Tensor, config: dict):
     delta = torch.empty_like(row_max)
     attention._delta(attention._grid(B, H, S, "BLOCK_M"), o, do, delta, *q.stride()[:3], *do.stride()[:3], H, S,
                      HEAD_DIM=D, UPCAST=INTERPRET)
-    dq, dk, dv = (torch.empty_like(q) for _ in range(3))
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
     m_blocks, n_blocks = triton.cdiv(S, config["BLOCK_M"]), triton.cdiv(S, config["BLOCK_N"])
     accumulator = torch.empty((B * H, S, D), dtype=torch.float32, device=q.device)
     locks = torch.zeros((B * H, m_blocks), dtype=torch.int32, device=q.device)
     _fused_bwd[(n_blocks, B * H)](
-        q, k, v, do, row_max, row_log_sum, delta, dk, dv, dq, accumulator, locks,
-        *q.stride()[:3], H, S, m_blocks, n_blocks, sm_scale, sm_scale * math.log2(math.e),
+        q, k, v, do, row_max, row_log_sum, delta, dk, dv, accumulator, locks,
+        *q.stride()[:3], H, S, m_blocks, sm_scale, sm_scale * math.log2(math.e),
         HEAD_DIM=D, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], UPCAST=INTERPRET,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
+    dq = (accumulator.view(B, H, S, D).transpose(1, 2) * sm_scale).to(q.dtype)
     return dq, dk, dv
 
 

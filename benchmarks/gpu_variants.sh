@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One GPU call that decides which kernel variants h3_triton should adopt next: every variant benchmark at release
-# shapes (each checks its outputs against h3_triton's). Logs go to $OUT/<name>.log.
+# One GPU call that decides which kernel variants h3_triton should adopt next, at release shapes: the attention
+# backward's variants (each checks its gradients against h3_triton's) and the norm forward's chunk widths.
+# Logs go to $OUT/<name>.log.
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
-phase norm-variants 90 python3 benchmarks/norm_variants.py
 phase attention-bwd-variants 240 python3 benchmarks/attention_bwd_variants.py
-for name in norm-variants attention-bwd-variants; do cat "$OUT/$name.log"; done
+phase row-tilings-chunks 60 python3 benchmarks/row_tilings.py --rows 1,2 --warps 4,8 --chunks 512,1024,2048
+for name in attention-bwd-variants row-tilings-chunks; do cat "$OUT/$name.log"; done

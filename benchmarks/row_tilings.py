@@ -1,12 +1,14 @@
 """Forward time of the whole-row kernels (norm + modulation, QK-norm + RoPE) at release shapes, per row tiling.
 
-Usage (GPU): python benchmarks/row_tilings.py [--rows 1,2,4,...] [--warps 4,8,16]
+Usage (GPU): python benchmarks/row_tilings.py [--rows 1,2,4,...] [--warps 4,8,16] [--chunks 512,1024,...]
 
 These kernels take their tiling from ``h3_triton.rowreduce.full_row_tiling`` (a heuristic: ~4096 elements
 per tile, 8-16 elements per thread; the norm's forward adjusts it in ``_forward_tiling``); this sweep replaces the
 forward's tiling only, times each with ``triton.testing.do_bench`` (median) and prints GB/s of activation
 traffic and its fraction of the device copy bandwidth measured in the same run, the tiling in use marked.
-Tilings whose tile exceeds 32768 elements are skipped (they spill registers).
+The norm's forward walks a row in chunks of the tiling's width, so it is also swept over ``--chunks`` narrower
+than the padded row; QK-norm + RoPE holds whole rows. Tilings whose tile exceeds 32768 elements are skipped
+(they spill registers).
 """
 
 import argparse
@@ -18,44 +20,47 @@ import h3_triton.rope
 from h3_triton.rowreduce import RowTiling
 from h3gate.bench import RELEASE, cases, ceilings, median_ms
 
-# op -> (module, the name of its forward's tiling function there, (width, name) -> RowTiling; the op)
-OPS = {"rms_norm_modulate": (h3_triton.norm, "_forward_tiling", h3_triton.norm.rms_norm_modulate),
-       "qk_norm_rope": (h3_triton.rope, "full_row_tiling", h3_triton.rope.qk_norm_rope)}
+# op -> (module, the name of its forward's tiling function there, (width, name) -> RowTiling; the op; whether
+# the kernel walks a row in chunks of the tiling's width)
+OPS = {"rms_norm_modulate": (h3_triton.norm, "_forward_tiling", h3_triton.norm.rms_norm_modulate, True),
+       "qk_norm_rope": (h3_triton.rope, "full_row_tiling", h3_triton.rope.qk_norm_rope, False)}
 
 
-def sweep(rows_options, warps_options, progress=print):
+def sweep(rows_options, warps_options, chunk_options, progress=print):
     copy = ceilings("cuda")["copy_gbps"]
     progress(f"device copy: {copy:.0f} GB/s")
     for case in cases(RELEASE, "cuda"):
         if case.op not in OPS:
             continue
-        module, tiling_name, fn = OPS[case.op]
+        module, tiling_name, fn, chunked = OPS[case.op]
         in_use = getattr(module, tiling_name)
         inputs = case.make()
-        width = inputs["x"].shape[-1]
-        current = in_use(width, "x")
-        for rows in rows_options:
-            for warps in warps_options:
-                tiling = RowTiling(rows=rows, width=triton.next_power_of_2(width), warps=warps)
-                if rows * tiling.width > 32768:
-                    continue
-                setattr(module, tiling_name, lambda *_, tiling=tiling: tiling)
-                try:
-                    ms = median_ms(lambda: fn(**inputs), "cuda")
-                finally:
-                    setattr(module, tiling_name, in_use)
-                rate = case.work[0] / ms / 1e6
-                mark = "  <- in use" if tiling == current else ""
-                progress(f"{case.label:34s} rows {rows:3d} warps {warps:2d}: {ms:7.3f} ms {rate:6.0f} GB/s "
-                         f"{rate / copy:5.1%} of copy{mark}")
+        padded = triton.next_power_of_2(inputs["x"].shape[-1])
+        current = in_use(inputs["x"].shape[-1], "x")
+        widths = [padded] + ([c for c in chunk_options if c < padded] if chunked else [])
+        for tiling in (RowTiling(rows=rows, width=width, warps=warps)
+                       for width in widths for rows in rows_options for warps in warps_options):
+            if tiling.rows * tiling.width > 32768:
+                continue
+            setattr(module, tiling_name, lambda *_, tiling=tiling: tiling)
+            try:
+                ms = median_ms(lambda: fn(**inputs), "cuda")
+            finally:
+                setattr(module, tiling_name, in_use)
+            rate = case.work[0] / ms / 1e6
+            mark = "  <- in use" if tiling == current else ""
+            progress(f"{case.label:34s} rows {tiling.rows:3d} width {tiling.width:5d} warps {tiling.warps:2d}: "
+                     f"{ms:7.3f} ms {rate:6.0f} GB/s {rate / copy:5.1%} of copy{mark}")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default="1,2,4,8,16,32,64", help="rows per tile to try (comma-separated)")
     parser.add_argument("--warps", default="4,8,16", help="warps per program to try (comma-separated)")
+    parser.add_argument("--chunks", default="512,1024,2048",
+                        help="chunk widths for the norm's forward, besides its whole padded row (comma-separated)")
     args = parser.parse_args()
-    sweep([int(r) for r in args.rows.split(",")], [int(w) for w in args.warps.split(",")])
+    sweep(*([int(n) for n in option.split(",")] for option in (args.rows, args.warps, args.chunks)))
 
 
 if __name__ == "__main__":

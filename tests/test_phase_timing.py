@@ -9,8 +9,14 @@ from torch.autograd import DeviceType
 from h3gate.measure import kernel_seconds, timed
 
 
-def _event(name, device_type, start, end):
-    return SimpleNamespace(name=name, device_type=device_type, time_range=SimpleNamespace(start=start, end=end))
+def _event(name, device_type, start_us, end_us):
+    """A kineto event as ``profile.profiler.kineto_results.events()`` yields it (times in ns)."""
+    return SimpleNamespace(name=lambda: name, device_type=lambda: device_type, start_ns=lambda: start_us * 1000,
+                           end_ns=lambda: end_us * 1000)
+
+
+def _profile(events):
+    return SimpleNamespace(profiler=SimpleNamespace(kineto_results=SimpleNamespace(events=lambda: events)))
 
 
 def test_timed_adds_seconds_and_marks_a_profiler_range():
@@ -32,8 +38,9 @@ def test_kernel_seconds_counts_only_kernel_time_inside_each_phase():
         _event("h3gate:golden", DeviceType.CUDA, 0, 1_000_000),  # the GPU-side copy of the range: not a kernel
         _event("gemm", DeviceType.CUDA, 100_000, 400_000),  # 0.3 s inside golden
         _event("attention", DeviceType.CUDA, 900_000, 1_200_000),  # 0.1 s in golden, 0.2 s in compare
+        _event("copy_kernel", DeviceType.CUDA, 0, 1_500_000),  # another stream: 1 s in golden, 0.5 s in compare
         _event("Memcpy DtoH (Device -> Pageable)", DeviceType.CUDA, 1_300_000, 1_900_000),  # a tap copy
         _event("aten::mm", DeviceType.CPU, 100_000, 400_000),  # host work
     ]
-    seconds = kernel_seconds(SimpleNamespace(events=lambda: events))
-    assert seconds == {"golden": 0.4, "compare": 0.2}
+    seconds = kernel_seconds(_profile(events))
+    assert seconds == {"golden": 1.4, "compare": 0.7}

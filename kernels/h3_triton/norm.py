@@ -2,7 +2,8 @@
 
 diffusers computes ``norm1(x) * (1 + scale[idx]) + shift[idx]`` as separate bf16 ops (RMSNorm, two row
 gathers, add, multiply, add), each a trip through memory and a rounding. Here a program loads whole rows,
-computes everything in float32 and rounds once. The tables are ``(R, C)`` views of the ``(R, 6C)``
+computes everything in float32 and rounds once; a wide row is read in chunks, twice (the second time from
+cache), rather than held in registers. The tables are ``(R, C)`` views of the ``(R, 6C)``
 modulation projection (R = timesteps x modalities, a handful), gathered per row through ``idx``; the same
 kernel serves ``norm_out`` (idx = timestep per row) and plain RMSNorm (no tables).
 
@@ -26,6 +27,9 @@ from h3_triton.rowreduce import (
 )
 
 
+_FORWARD_CHUNK = 1024  # columns per chunk of a wide row's forward, see _forward_tiling
+
+
 @triton.jit
 def _forward_kernel(
     x_ptr, w_ptr, scale_ptr, shift_ptr, idx_ptr, y_ptr,
@@ -33,24 +37,38 @@ def _forward_kernel(
     sx_b, sx_s, sx_c, s_w, s_scale_r, s_scale_c, s_shift_r, s_shift_c, s_idx,
     MODULATED: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_C: tl.constexpr,
 ):
+    """BLOCK_S rows in two passes over chunks of BLOCK_C columns: the sum of squares, then the output.
+
+    The second pass reads x again from L1/L2 (a release row is 10.7 KB); a row narrower than BLOCK_C is one chunk.
+    """
     rows = tl.program_id(0).to(tl.int64) * BLOCK_S + tl.arange(0, BLOCK_S)
     row_mask = rows < n_rows
-    cols = tl.arange(0, BLOCK_C)
-    col_mask = cols < width
-    mask = row_mask[:, None] & col_mask[None, :]
     batch = rows // seq_len
     seq = rows - batch * seq_len
-    x_off = batch * sx_b + seq * sx_s
-    x = tl.load(x_ptr + x_off[:, None] + cols[None, :] * sx_c, mask=mask, other=0.0).to(tl.float32)
-    rstd = tl.rsqrt(tl.sum(x * x, axis=1) / width + eps)
-    w = tl.load(w_ptr + cols * s_w, mask=col_mask, other=0.0).to(tl.float32)
-    y = x * rstd[:, None] * w[None, :]
+    x_rows = x_ptr + (batch * sx_b + seq * sx_s)[:, None]
+    chunk = tl.arange(0, BLOCK_C)
+    squares = tl.zeros([BLOCK_S, BLOCK_C], dtype=tl.float32)
+    for start in range(0, width, BLOCK_C):
+        cols = start + chunk
+        mask = row_mask[:, None] & (cols < width)[None, :]
+        x = tl.load(x_rows + cols[None, :] * sx_c, mask=mask, other=0.0).to(tl.float32)
+        squares += x * x
+    rstd = tl.rsqrt(tl.sum(squares, axis=1) / width + eps)
     if MODULATED:
         r = tl.load(idx_ptr + seq * s_idx, mask=row_mask, other=0)
-        scale = tl.load(scale_ptr + r[:, None] * s_scale_r + cols[None, :] * s_scale_c, mask=mask, other=0.0)
-        shift = tl.load(shift_ptr + r[:, None] * s_shift_r + cols[None, :] * s_shift_c, mask=mask, other=0.0)
-        y = y * (1.0 + scale.to(tl.float32)) + shift.to(tl.float32)
-    tl.store(y_ptr + rows[:, None] * width + cols[None, :], to_dtype(y, y_ptr.dtype.element_ty, UPCAST), mask=mask)
+    for start in range(0, width, BLOCK_C):
+        cols = start + chunk
+        col_mask = cols < width
+        mask = row_mask[:, None] & col_mask[None, :]
+        x = tl.load(x_rows + cols[None, :] * sx_c, mask=mask, other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + cols * s_w, mask=col_mask, other=0.0).to(tl.float32)
+        y = x * rstd[:, None] * w[None, :]
+        if MODULATED:
+            scale = tl.load(scale_ptr + r[:, None] * s_scale_r + cols[None, :] * s_scale_c, mask=mask, other=0.0)
+            shift = tl.load(shift_ptr + r[:, None] * s_shift_r + cols[None, :] * s_shift_c, mask=mask, other=0.0)
+            y = y * (1.0 + scale.to(tl.float32)) + shift.to(tl.float32)
+        tl.store(y_ptr + rows[:, None] * width + cols[None, :], to_dtype(y, y_ptr.dtype.element_ty, UPCAST),
+                 mask=mask)
 
 
 @triton.jit
@@ -146,14 +164,19 @@ def _table_grads_kernel(
 
 
 def _forward_tiling(width: int, name: str):
-    """The forward's tiling: the shared one, except that a tile of a single wide row runs 4 warps, not up to 16.
+    """The forward's tiling: the shared one, except that a single wide row goes in chunks of 1024 with 4 warps.
 
-    Measured on an H200 at the release width 5376 (``benchmarks/row_tilings.py``): 0.31 ms with 4 warps against
-    0.42 ms with 16. More elements per thread keep more loads in flight per row, and the row's sum crosses fewer
-    warps. The backward keeps the shared tiling: its row ranges, and so its summation order, follow from it.
+    The shared tiling pads a row to a power of two (5376 -> 8192 lanes) and, for one row, up to 16 warps.
+    Measured on an H200 at the release width 5376 (``benchmarks/norm_variants.py``, ``row_tilings.py``):
+    the whole padded row takes 0.309 ms (62% of the copy bandwidth) with 4 warps and 0.42 ms with 16; chunks of
+    1024 with 4 warps take 0.245 ms (78%), of 512 0.251 ms, of 2048 with 8 warps 0.260 ms. Smaller tiles keep
+    fewer registers live, so more rows are in flight per SM. The backward keeps the shared tiling: its row ranges,
+    and so its summation order, follow from it.
     """
     tiling = full_row_tiling(width, name)
-    return dataclasses.replace(tiling, warps=4) if tiling.rows == 1 else tiling
+    if tiling.rows > 1:
+        return tiling
+    return dataclasses.replace(tiling, width=min(tiling.width, _FORWARD_CHUNK), warps=4)
 
 
 def _table_strides(table: torch.Tensor | None) -> tuple[int, int]:

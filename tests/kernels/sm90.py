@@ -19,7 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 def compile_(kernel, consts, tensors, warps, stages):
-    sig = {n: "constexpr" if n in consts else tensors.get(n, "fp32" if n.endswith("scale") else "i32")
+    sig = {n: "constexpr" if n in consts else tensors.get(n, "fp32" if n.endswith(("scale", "eps")) else "i32")
            for n in kernel.arg_names}
     aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
                if n in tensors or n.startswith(("stride", "s_"))}

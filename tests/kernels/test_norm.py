@@ -12,11 +12,13 @@ from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3AdaLay
 
 from h3_triton.norm import rms_norm_modulate
 from kernel_checks import assert_bounded, nan_padded, strided_index, table_index
+from sm90 import compile_for_h200
 
 EPS = 1e-6
 TABLE_ROWS = 6
 RUNS = [2, 0, 5, 2, 1]  # table rows left out stay unreferenced: their gradients must be 0
-SHAPES = [((), 1, 48), ((2,), 7, 80), ((), 65, 96), ((2,), 130, 48), ((), 600, 80)]  # (batch dims, S, C)
+# (batch dims, S, C); 4500 columns take the single-row forward: five chunks of 1024, the last one partial
+SHAPES = [((), 1, 48), ((2,), 7, 80), ((), 65, 96), ((2,), 130, 48), ((), 600, 80), ((), 3, 4500)]
 
 
 def provider(x, weight, scale=None, shift=None, idx=None):
@@ -159,3 +161,16 @@ def test_rejects_bad_inputs(kwargs, error, match):
     args = dict(x=torch.zeros(4, 8), weight=torch.ones(8), eps=EPS) | kwargs
     with pytest.raises(error, match=match):
         rms_norm_modulate(**args)
+
+
+def test_forward_compiles_for_h200():
+    """The forward at the release width (5376: six chunks, the last partial) and at a narrow one (whole rows,
+    many per tile), modulated, compiled for sm_90 as the GPU compiles it."""
+    compile_for_h200("""
+import h3_triton.norm as N
+tensors = dict(x_ptr="*bf16", w_ptr="*bf16", scale_ptr="*bf16", shift_ptr="*bf16", idx_ptr="*i64", y_ptr="*bf16")
+for width in (5376, 96):
+    tiling = N._forward_tiling(width, "x")
+    consts = dict(MODULATED=True, BLOCK_S=tiling.rows, BLOCK_C=tiling.width)
+    compile_(N._forward_kernel, consts, tensors, tiling.warps, 1)
+""")
