@@ -3,16 +3,20 @@
 Usage (GPU): python benchmarks/row_tilings.py [--rows 1,2,4,...] [--warps 4,8,16] [--chunks 512,1024,...]
 
 These kernels take their tiling from ``h3_triton.rowreduce.full_row_tiling`` (a heuristic: ~4096 elements
-per tile, 8-16 elements per thread; the norm's forward adjusts it in ``_forward_tiling``); this sweep replaces the
+per tile on a GPU, 8-16 elements per thread; the norm's forward adjusts it in ``_forward_tiling``); this sweep replaces the
 forward's tiling only, times each with ``triton.testing.do_bench`` (median) and prints GB/s of activation
-traffic and its fraction of the device copy bandwidth measured in the same run, the tiling in use marked.
-The norm's forward walks a row in chunks of the tiling's width, so it is also swept over ``--chunks`` narrower
-than the padded row; QK-norm + RoPE holds whole rows. Tilings whose tile exceeds 32768 elements are skipped
-(they spill registers).
+traffic and its fraction of the device copy bandwidth measured in the same run, the tiling in use marked, and
+the largest difference from the output of the tiling in use, so a tiling that computes something else shows.
+A tile row is the padded row of the norm, and all heads of one position (padded heads x head_dim) for QK-norm +
+RoPE, whose ``rows`` are positions. The norm's forward walks a row in chunks of the tiling's width, so it is also
+swept over ``--chunks`` narrower than the padded row. Tilings whose tile exceeds 32768 elements are skipped (they
+spill registers).
 """
 
 import argparse
+from typing import Callable, NamedTuple
 
+import torch
 import triton
 
 import h3_triton.norm
@@ -20,10 +24,21 @@ import h3_triton.rope
 from h3_triton.rowreduce import RowTiling
 from h3gate.bench import RELEASE, cases, ceilings, median_ms
 
-# op -> (module, the name of its forward's tiling function there, (width, name) -> RowTiling; the op; whether
-# the kernel walks a row in chunks of the tiling's width)
-OPS = {"rms_norm_modulate": (h3_triton.norm, "_forward_tiling", h3_triton.norm.rms_norm_modulate, True),
-       "qk_norm_rope": (h3_triton.rope, "full_row_tiling", h3_triton.rope.qk_norm_rope, False)}
+
+class Op(NamedTuple):
+    module: object  # where the forward looks its tiling up
+    tiling_name: str  # the tiling function there, (width, name) -> RowTiling
+    fn: Callable
+    tile_row: Callable[[torch.Tensor], int]  # the width the forward asks a tiling for, from its input x
+    chunked: bool  # whether the kernel walks a row in chunks of the tiling's width
+
+
+OPS = {
+    "rms_norm_modulate": Op(h3_triton.norm, "_forward_tiling", h3_triton.norm.rms_norm_modulate,
+                            lambda x: x.shape[-1], True),
+    "qk_norm_rope": Op(h3_triton.rope, "full_row_tiling", h3_triton.rope.qk_norm_rope,
+                       lambda x: triton.next_power_of_2(x.shape[-2]) * x.shape[-1], False),
+}
 
 
 def sweep(rows_options, warps_options, chunk_options, progress=print):
@@ -32,25 +47,29 @@ def sweep(rows_options, warps_options, chunk_options, progress=print):
     for case in cases(RELEASE, "cuda"):
         if case.op not in OPS:
             continue
-        module, tiling_name, fn, chunked = OPS[case.op]
-        in_use = getattr(module, tiling_name)
+        op = OPS[case.op]
+        in_use = getattr(op.module, op.tiling_name)
         inputs = case.make()
-        padded = triton.next_power_of_2(inputs["x"].shape[-1])
-        current = in_use(inputs["x"].shape[-1], "x")
-        widths = [padded] + ([c for c in chunk_options if c < padded] if chunked else [])
+        with torch.no_grad():
+            reference = op.fn(**inputs)
+        padded = triton.next_power_of_2(op.tile_row(inputs["x"]))
+        current = in_use(op.tile_row(inputs["x"]), "x")
+        widths = [padded] + ([c for c in chunk_options if c < padded] if op.chunked else [])
         for tiling in (RowTiling(rows=rows, width=width, warps=warps)
                        for width in widths for rows in rows_options for warps in warps_options):
             if tiling.rows * tiling.width > 32768:
                 continue
-            setattr(module, tiling_name, lambda *_, tiling=tiling: tiling)
+            setattr(op.module, op.tiling_name, lambda *_, tiling=tiling: tiling)
             try:
-                ms = median_ms(lambda: fn(**inputs), "cuda")
+                with torch.no_grad():
+                    error = (op.fn(**inputs).float() - reference.float()).abs().max().item()
+                ms = median_ms(lambda: op.fn(**inputs), "cuda")
             finally:
-                setattr(module, tiling_name, in_use)
+                setattr(op.module, op.tiling_name, in_use)
             rate = case.work[0] / ms / 1e6
             mark = "  <- in use" if tiling == current else ""
             progress(f"{case.label:34s} rows {tiling.rows:3d} width {tiling.width:5d} warps {tiling.warps:2d}: "
-                     f"{ms:7.3f} ms {rate:6.0f} GB/s {rate / copy:5.1%} of copy{mark}")
+                     f"{ms:7.3f} ms {rate:6.0f} GB/s {rate / copy:5.1%} of copy, max diff {error:.1e}{mark}")
 
 
 def main():

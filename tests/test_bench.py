@@ -22,7 +22,7 @@ def test_release_path_builds_on_meta(monkeypatch):
                   ffn_dim=128, text_dim=32, freq_dim=32, time_embed_hidden_dim=64, time_embed_dim=32, rope_freq_dim=4)
     monkeypatch.setitem(bench.TRANSFORMER_SHAPES, "release", narrow)
     monkeypatch.setattr(bench, "RELEASE_CONTRACT", dict(text_tokens=5, latent_frames=7, latent_height=4, latent_width=6, audio_latents=9))
-    transformer, config = bench._transformer("release", 1, "cpu")
+    transformer, config = bench.random_transformer("release", 1, "cpu")
     hidden, temb, indices, rotary = bench._block_inputs(transformer, bench._contract_inputs("release", config, "cpu"))
     assert hidden.shape == (1, 5 + 18 + 7 * 6, 64) and hidden.dtype == torch.bfloat16
     assert transformer.proj_out.weight.dtype == torch.float32 and torch.isfinite(hidden).all()

@@ -1,5 +1,5 @@
 """The phases of a gate as ``h3gate.measure.timed`` records them: seconds, and profiler ranges whose GPU kernel
-time :func:`h3gate.measure.kernel_seconds` adds up (the split behind ``model_gate_phases.py --profile``)."""
+time :func:`h3gate.measure.kernel_seconds` adds up (the split behind ``gate_phases.py --profile``)."""
 
 from types import SimpleNamespace
 

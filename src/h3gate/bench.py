@@ -249,7 +249,7 @@ TRANSFORMER_SHAPES = {
 RELEASE_CONTRACT = dict(text_tokens=512, latent_frames=37, latent_height=48, latent_width=84, audio_latents=207)
 
 
-def _transformer(shape: str, layers: int, device: str):
+def random_transformer(shape: str, layers: int, device: str):
     """A transformer of ``shape`` with random weights at checkpoint precision, built directly on ``device``."""
     from h3gate.model import build_preset, keeps_fp32
 
@@ -279,12 +279,18 @@ def _transformer(shape: str, layers: int, device: str):
     return transformer.eval(), dict(transformer.config)
 
 
-def _contract_inputs(shape: str, config: dict, device: str):
-    from h3gate.contract import ModelContract, model_inputs
+def contract(shape: str):
+    """The model contract whose packed sequence is the bench shape's (38,222 rows at release, 467 small)."""
+    from h3gate.contract import ModelContract
 
     geometry = RELEASE_CONTRACT if shape == "release" else dict(text_tokens=15, latent_frames=37, latent_height=2, latent_width=2, audio_latents=207)
-    contract = ModelContract(seed=0, keyframes=(), video_timestep=0.5, audio_timestep=0.7, **geometry)
-    inputs, _ = model_inputs(contract, config)
+    return ModelContract(seed=0, keyframes=(), video_timestep=0.5, audio_timestep=0.7, **geometry)
+
+
+def _contract_inputs(shape: str, config: dict, device: str):
+    from h3gate.contract import model_inputs
+
+    inputs, _ = model_inputs(contract(shape), config)
     return {k: v.to(device) for k, v in inputs.items()}
 
 
@@ -326,7 +332,7 @@ def bench_block(candidate, shape: str, device: str, progress=print) -> dict:
     """Block 0 forward and forward+backward at the contract input: candidate, provider, provider with flash SDPA."""
     from diffusers.models.attention_dispatch import attention_backend
 
-    transformer, config = _transformer(shape, 1, device)
+    transformer, config = random_transformer(shape, 1, device)
     hidden, temb, indices, rotary = _block_inputs(transformer, _contract_inputs(shape, config, device))
     block = transformer.transformer_blocks[0]
 
@@ -357,7 +363,7 @@ def bench_block(candidate, shape: str, device: str, progress=print) -> dict:
 
 def bench_step(candidate, shape: str, device: str, layers: int, progress=print) -> dict:
     """One whole transformer forward (a denoising step) at the contract input: candidate against provider."""
-    transformer, config = _transformer(shape, layers, device)
+    transformer, config = random_transformer(shape, layers, device)
     inputs = _contract_inputs(shape, config, device)
 
     def step():

@@ -74,7 +74,7 @@ _PHASE = "h3gate:"
 @contextlib.contextmanager
 def timed(timings: dict, phase: str):
     """Adds the phase's seconds to ``timings[phase]``, counting the GPU work it queued (it waits for the device at
-    the end). The phase is also a profiler range ``h3gate:<phase>``, which ``benchmarks/model_gate_phases.py
+    the end). The phase is also a profiler range ``h3gate:<phase>``, which ``benchmarks/gate_phases.py
     --profile`` splits into time in GPU kernels and time outside them."""
     start = time.perf_counter()
     try:
