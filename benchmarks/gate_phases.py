@@ -85,6 +85,10 @@ def main():
     start = time.perf_counter()
     model = release_block_model(args.device) if args.model == "release" else load_model(args.model)
     build = time.perf_counter() - start
+
+    def progress(message: str) -> None:  # elapsed seconds per phase start, in case the run is cut short
+        print(f"{time.perf_counter() - start:8.1f} s  {message}", flush=True)
+
     with tempfile.TemporaryDirectory() as folder:
         thresholds = Path(folder)
         contract_path = thresholds / model.name / "model-contract.json"
@@ -99,13 +103,13 @@ def main():
             if args.gate == "model":
                 frozen = model_gate.freeze(model, contract, args.device, thresholds)
             else:
-                frozen = block_gate.freeze(model, contract, args.device, 0, thresholds, thresholds, progress=print)
+                frozen = block_gate.freeze(model, contract, args.device, 0, thresholds, thresholds, progress=progress)
         with profiling(args.profile, args.device) as check_profile:
             candidate = load(args.candidate)
             if args.gate == "model":
                 result = model_gate.check(model, candidate, contract, frozen, args.device)
             else:
-                result = block_gate.check(model, candidate, contract, frozen, args.device, 0, thresholds, progress=print)
+                result = block_gate.check(model, candidate, contract, frozen, args.device, 0, thresholds, progress=progress)
     print(f"{args.gate} gate of {model.name} on {args.device}, candidate {args.candidate}: {result.summary()}")
     print(f"{'build':28s} {build:8.2f} s")
     print_phases("freeze", frozen.provenance["timings_s"], freeze_profile)

@@ -33,7 +33,8 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from diffusers.models.attention_dispatch import dispatch_attention_fn
+from torch.utils.checkpoint import checkpoint
+from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry, dispatch_attention_fn
 from diffusers.models.modeling_utils import get_parameter_dtype
 from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
 
@@ -91,16 +92,34 @@ def _provider_qk_norm_rope(norm, x, rotary_emb):
     return _apply_rotary_emb(x, *rotary_emb)
 
 
+MATH_SCORES_BYTES = 2**31  # score-matrix bytes the math SDPA backend may hold at once, see _provider_attention
+
+
 def _provider_attention(processor, q, k, v):
-    return dispatch_attention_fn(
-        q,
-        k,
-        v,
+    """``dispatch_attention_fn``; under the math backend in query chunks when the scores would not fit.
+
+    The math backend materialises every score: a release block (56 heads, 38,222 rows) needs 305 GiB of them in
+    float32, so the block gate's golden run and its sdpa-math variant could not run on one GPU. Softmax is per
+    query row, so the rows go in chunks whose scores stay within :data:`MATH_SCORES_BYTES`, each chunk
+    recomputed in the backward (``torch.utils.checkpoint``) rather than its probabilities kept. Below that size
+    (the embedded presets) the call is diffusers' own, bitwise.
+    """
+    attend = functools.partial(
+        dispatch_attention_fn,
         attn_mask=None,
         dropout_p=0.0,
         is_causal=False,
         backend=processor._attention_backend,
         parallel_config=processor._parallel_config,
+    )
+    backend = processor._attention_backend or _AttentionBackendRegistry.get_active_backend()[0]
+    batch, rows, heads, _ = q.shape
+    chunk = max(1, MATH_SCORES_BYTES // (batch * heads * k.shape[1] * q.element_size()))
+    if AttentionBackendName(backend) != AttentionBackendName._NATIVE_MATH or chunk >= rows:
+        return attend(q, k, v)
+    return torch.cat(
+        [checkpoint(attend, q[:, start:start + chunk], k, v, use_reentrant=False) for start in range(0, rows, chunk)],
+        dim=1,
     )
 
 
