@@ -1,7 +1,7 @@
 """Seconds per phase of the model or block gate on one machine, split into GPU kernel time and the gate's own.
 
 Usage: python benchmarks/gate_phases.py [--gate model|block] [--model small|release] [--device cpu]
-                                        [--candidate h3_triton] [--profile]
+                                        [--candidate h3_triton] [--variants sdpa-flash,...] [--profile]
 Freezes into a temporary thresholds folder (the committed one is never touched), then checks the candidate.
 On CPU the h3_triton kernels run under Triton's interpreter (TRITON_INTERPRET=1 must be set before start).
 
@@ -75,6 +75,8 @@ def main():
                         help="tiny, small, or release (one release block; the block gate only)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--candidate", default="h3_triton")
+    parser.add_argument("--variants", help="comma-separated provider variants to freeze with (default: all of the "
+                        "device's); the gate itself always runs all")
     parser.add_argument("--profile", action="store_true",
                         help="split each phase into time in GPU kernels and outside them (needs a CUDA device)")
     args = parser.parse_args()
@@ -99,21 +101,23 @@ def main():
             shutil.copy(Path("thresholds") / model.name / "model-contract.json", contract_path)
         lock_files(thresholds, [contract_path])
         contract = load_model_contract(contract_path)
+        variants = args.variants.split(",") if args.variants else None
         with profiling(args.profile, args.device) as freeze_profile:
             if args.gate == "model":
-                frozen = model_gate.freeze(model, contract, args.device, thresholds)
+                frozen = model_gate.freeze(model, contract, args.device, thresholds, variant_names=variants)
             else:
-                frozen = block_gate.freeze(model, contract, args.device, 0, thresholds, thresholds, progress=progress)
+                frozen = block_gate.freeze(model, contract, args.device, 0, thresholds, thresholds, variants,
+                                           progress=progress)
+        print(f"{'build':28s} {build:8.2f} s")
+        print_phases("freeze", frozen.provenance["timings_s"], freeze_profile)
         with profiling(args.profile, args.device) as check_profile:
             candidate = load(args.candidate)
             if args.gate == "model":
                 result = model_gate.check(model, candidate, contract, frozen, args.device)
             else:
                 result = block_gate.check(model, candidate, contract, frozen, args.device, 0, thresholds, progress=progress)
-    print(f"{args.gate} gate of {model.name} on {args.device}, candidate {args.candidate}: {result.summary()}")
-    print(f"{'build':28s} {build:8.2f} s")
-    print_phases("freeze", frozen.provenance["timings_s"], freeze_profile)
     print_phases("check", result.timings, check_profile)
+    print(f"{args.gate} gate of {model.name} on {args.device}, candidate {args.candidate}: {result.summary()}")
 
 
 if __name__ == "__main__":

@@ -90,3 +90,15 @@ def test_math_attention_goes_in_query_chunks_when_its_scores_would_not_fit(tiny,
     assert list(whole) == list(chunked)
     for name in whole:  # measured: at most 1e-6, float32 sums in another order
         assert relative_l2(chunked[name], whole[name]) < 1e-5, name
+
+
+def test_tap_store_keeps_taps_on_its_device(tmp_path):
+    """The block gate's taps stay where its replay ran (a store on the meta device stands in for a GPU here)."""
+    store = taps.TapStore(device="meta")
+    store.put("x", torch.ones(3, 2).t())
+    assert store["x"].device.type == "meta" and store["x"].is_contiguous() and store["x"].shape == (2, 3)
+    host = taps.TapStore()
+    host.put("x", torch.ones(2))
+    assert host["x"].device.type == "cpu"
+    with pytest.raises(ValueError, match="keeps its taps on the host"):
+        taps.TapStore(tmp_path, device="meta")

@@ -4,7 +4,9 @@ Names: ``nodes.<module path>`` (a module's output), ``nodes.<module path>.grad``
 ``nodes.<module path>.<point>`` (a named point of the block program, for block-internal taps),
 ``parameter.<name>.grad`` and ``input_gradients.<input>``. Every tensor is copied to host memory when it
 appears, or written to a safetensors file per tap when a directory is given, so a 50-block release model
-never holds 50 blocks of activations on the GPU. safetensors is the format because it is what diffusers
+never holds 50 blocks of activations on the GPU. One block's taps fit beside it, so the block gate keeps them
+on the GPU (``device``) and compares them there: a release block's replay has 19 GB of them in bf16, and
+copying them to host memory and comparing them there took about a minute per replay on an H200. safetensors is the format because it is what diffusers
 checkpoints use and it loads without executing code.
 """
 
@@ -36,9 +38,13 @@ INPUTS_WITH_GRADIENTS = ("hidden_states", "audio_hidden_states", "encoder_hidden
 
 
 class TapStore(Mapping):
-    """name -> host tensor; spilled to ``directory`` (one safetensors file per tap) when one is given."""
+    """name -> tensor copied to ``device`` (host memory by default); spilled to ``directory`` (one safetensors
+    file per tap) when one is given."""
 
-    def __init__(self, directory: str | os.PathLike | None = None):
+    def __init__(self, directory: str | os.PathLike | None = None, device: str | torch.device = "cpu"):
+        self.device = torch.device(device)
+        if directory is not None and self.device.type != "cpu":
+            raise ValueError(f"a tap store spilled to {directory} keeps its taps on the host, not on {self.device}")
         self.directory = Path(directory) if directory is not None else None
         self._memory: dict[str, torch.Tensor] = {}
         self._names: list[str] = []
@@ -49,15 +55,15 @@ class TapStore(Mapping):
     def put(self, name: str, tensor: torch.Tensor) -> None:
         if name in self._names:
             raise KeyError(f"tap {name!r} recorded twice in one run")
-        host = tensor.detach().to("cpu", copy=True).contiguous()
+        kept = tensor.detach().to(self.device, copy=True).contiguous()
         self._names.append(name)
         if self.directory is None:
-            self._memory[name] = host
+            self._memory[name] = kept
             return
         final = self.directory / f"{name}.safetensors"
         handle, temporary = tempfile.mkstemp(dir=self.directory, suffix=".partial")
         os.close(handle)
-        save_file({"tensor": host}, temporary)
+        save_file({"tensor": kept}, temporary)
         os.replace(temporary, final)
 
     def __getitem__(self, name: str) -> torch.Tensor:

@@ -100,8 +100,9 @@ def _upstream(shape, seed: int) -> torch.Tensor:
 
 
 def replay(block_module, captured: dict, device: str, call=None, seed: int = 0) -> TapStore:
-    """Forward+backward of one block at the captured inputs; every program point, gradient and parameter gradient."""
-    store = TapStore()
+    """Forward+backward of one block at the captured inputs; every program point, gradient and parameter gradient,
+    kept on ``device``, where the gate compares them."""
+    store = TapStore(device=device)
     dtype = next(block_module.parameters()).dtype
     # Fresh leaves per replay: a leaf shared across replays would accumulate their gradients.
     hidden = captured["hidden_states"].to(device, dtype, copy=True).requires_grad_(True)
@@ -211,34 +212,40 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
     progress("golden")
     with timed(timings, "golden"):
         golden = provider_replay(model, block, captured, device, numerics.GOLDEN)
+    # Taps stay on the device (a release block's are 19 GB per bf16 replay, 38 GB golden's): each replay is
+    # reduced to its errors and ULP histograms before the next, so at most two are held beside golden's.
     progress("provider")
     with timed(timings, "provider"):
         provider = provider_replay(model, block, captured, device, numerics.PROVIDER)
+        provider_errors = _errors(provider, golden)
     progress(f"candidate {candidate.name}")
     with timed(timings, "candidate"):
         measured = candidate_replay(model, block, captured, device, candidate)
-    candidate_errors = _errors(measured, golden)
-    provider_errors = _errors(provider, golden)
-    if not any(point in measured for point in BLOCK_TAP_POINTS):
+        candidate_errors = _errors(measured, golden)
+    ulp, artifacts = {}, {}
+    if diagnostics:
+        with timed(timings, "ulp"):
+            ulp = ulp_sweep(measured, provider, golden)
+            artifacts = write_ulp_artifacts(ulp, Path(out_dir) / "block" / f"{model.name}-block{block}")
+    recorded = set(measured)
+    del provider, measured  # attribution replays the block nine more times; of the taps only golden's stay
+    if not any(point in recorded for point in BLOCK_TAP_POINTS):
         reason = (
             f"candidate {candidate.name} exposes none of the block program's tap points (its blocks do not run "
             "through h3gate.block_program), so the block's internal taps cannot be compared"
         )
         checks = [Check("internal taps", "inventory", 1.0, 0.0, False, {"reason": reason})]
     else:
-        checks = inventory_checks(set(measured), set(frozen.bounds))
+        checks = inventory_checks(recorded, set(frozen.bounds))
     for tap, value in candidate_errors.items():
         if tap in frozen.bounds:
             detail = {"provider_relative_l2": provider_errors[tap]}
             checks.append(Check(tap, "relative_l2", value, frozen.bounds[tap], value <= frozen.bounds[tap], detail))
-    attribution, ulp, artifacts = {}, {}, {}
+    attribution = {}
     if diagnostics:
         with timed(timings, "attribution"):
             attribution, consistency = attribute(model, block, captured, device, candidate, golden, frozen, progress)
         checks += consistency
-        with timed(timings, "ulp"):
-            ulp = ulp_sweep(measured, provider, golden)
-            artifacts = write_ulp_artifacts(ulp, Path(out_dir) / "block" / f"{model.name}-block{block}")
     return GateResult(
         gate=GATE,
         params={"block": block},
@@ -294,7 +301,7 @@ def attribute(model, block, captured, device, candidate, golden, frozen, progres
 
 
 def _histogram(distances: torch.Tensor) -> list[int]:
-    edges = torch.tensor([b for b in ULP_BINS[1:-1]], dtype=torch.int64)
+    edges = torch.tensor([b for b in ULP_BINS[1:-1]], dtype=torch.int64, device=distances.device)
     index = torch.bucketize(distances.flatten(), edges, right=True)
     return torch.bincount(index, minlength=len(ULP_BINS) - 1).tolist()
 
