@@ -95,20 +95,26 @@ def capture(model: Model, contract: ModelContract, device: str, block: int, out_
 # Replay -----------------------------------------------------------------------------------------------
 
 
-def _upstream(shape, seed: int) -> torch.Tensor:
-    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float32)
+def replay_inputs(captured: dict, device: str, seed: int = 0) -> dict:
+    """The captured inputs on ``device`` and the seeded upstream gradient of the block's output (``upstream``),
+    made once per gate run rather than per replay: at release size each is 0.8 GB, and drawing the upstream
+    gradient on the host takes about a second."""
+    inputs = {name: tensor.to(device) for name, tensor in captured.items()}
+    shape, generator = captured["hidden_states"].shape, torch.Generator().manual_seed(seed)
+    inputs["upstream"] = torch.randn(shape, generator=generator, dtype=torch.float32).to(device)
+    return inputs
 
 
-def replay(block_module, captured: dict, device: str, call=None, seed: int = 0) -> TapStore:
-    """Forward+backward of one block at the captured inputs; every program point, gradient and parameter gradient,
-    kept on ``device``, where the gate compares them."""
+def replay(block_module, inputs: dict, device: str, call=None) -> TapStore:
+    """Forward+backward of one block at :func:`replay_inputs`; every program point, gradient and parameter
+    gradient, kept on ``device``, where the gate compares them."""
     store = TapStore(device=device)
     dtype = next(block_module.parameters()).dtype
     # Fresh leaves per replay: a leaf shared across replays would accumulate their gradients.
-    hidden = captured["hidden_states"].to(device, dtype, copy=True).requires_grad_(True)
-    temb = captured["temb"].to(device, copy=True).requires_grad_(True)
-    rotary = (captured["cos"].to(device), captured["sin"].to(device))
-    indices = captured["adaln_indices"].to(device)
+    hidden = inputs["hidden_states"].to(device, dtype, copy=True).requires_grad_(True)
+    temb = inputs["temb"].to(device, copy=True).requires_grad_(True)
+    rotary = (inputs["cos"], inputs["sin"])
+    indices = inputs["adaln_indices"]
 
     def point(module, name, tensor):
         if module is block_module:
@@ -121,7 +127,7 @@ def replay(block_module, captured: dict, device: str, call=None, seed: int = 0) 
     try:
         output = (block_module if call is None else call)(hidden, temb, indices, rotary)
         store.put("output", output)
-        (output.float() * _upstream(output.shape, seed).to(device)).sum().backward()
+        (output.float() * inputs["upstream"]).sum().backward()
     finally:
         TAP_POINT.reset(token)
     for name, tensor in (("hidden_states", hidden), ("temb", temb)):
@@ -139,21 +145,21 @@ def _program_block(block_module, ops):
     return module
 
 
-def provider_replay(model: Model, block: int, captured: dict, device: str, mode: numerics.Mode) -> TapStore:
+def provider_replay(model: Model, block: int, inputs: dict, device: str, mode: numerics.Mode) -> TapStore:
     """Golden, the provider or a variant: the block program over the provider's ops (bitwise diffusers)."""
     source = model.transformer.transformer_blocks[block]
     module = _program_block(source, PROVIDER_OPS).to(device)
     if mode.fp32_weights:
         module.float()
     with numerics.activate(mode):
-        return replay(module, captured, device, numerics.runner(mode, module))
+        return replay(module, inputs, device, numerics.runner(mode, module))
 
 
-def candidate_replay(model: Model, block: int, captured: dict, device: str, candidate: Candidate) -> TapStore:
+def candidate_replay(model: Model, block: int, inputs: dict, device: str, candidate: Candidate) -> TapStore:
     """The candidate installed into the whole transformer; its block ``block`` replayed."""
     transformer = model.transformer.to(device)
     with numerics.activate(numerics.PROVIDER), candidate.installed(transformer):
-        store = replay(transformer.transformer_blocks[block], captured, device)
+        store = replay(transformer.transformer_blocks[block], inputs, device)
     for name in store:
         tensor = store[name]
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
@@ -177,15 +183,16 @@ def freeze(model, contract, device, block, thresholds, out_dir, variant_names=No
     progress("capture")
     with timed(timings, "capture"):
         captured, digest = capture(model, contract, device, block, out_dir)
+        inputs = replay_inputs(captured, device)
     progress("golden")
     with timed(timings, "golden"):
-        golden = provider_replay(model, block, captured, device, numerics.GOLDEN)
+        golden = provider_replay(model, block, inputs, device, numerics.GOLDEN)
     modes = [numerics.PROVIDER] + [numerics.get(n, device) for n in (variant_names or [m.name for m in numerics.variants(device)])]
     errors = {}
     for mode in modes:
         progress(mode.name)
         with timed(timings, mode.name):
-            errors[mode.name] = _errors(provider_replay(model, block, captured, device, mode), golden)
+            errors[mode.name] = _errors(provider_replay(model, block, inputs, device, mode), golden)
     frozen = bounds_mod.frozen_by_ensemble(
         GATE,
         model,
@@ -209,18 +216,19 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
             f"the capture of block {block} (sha256 {digest[:12]}) is not the one {frozen.path} was frozen from "
             f"({str(frozen.provenance.get('capture_sha256'))[:12]}): the model, contract or provider changed; re-freeze"
         )
+    inputs = replay_inputs(captured, device)
     progress("golden")
     with timed(timings, "golden"):
-        golden = provider_replay(model, block, captured, device, numerics.GOLDEN)
+        golden = provider_replay(model, block, inputs, device, numerics.GOLDEN)
     # Taps stay on the device (a release block's are 19 GB per bf16 replay, 38 GB golden's): each replay is
     # reduced to its errors and ULP histograms before the next, so at most two are held beside golden's.
     progress("provider")
     with timed(timings, "provider"):
-        provider = provider_replay(model, block, captured, device, numerics.PROVIDER)
+        provider = provider_replay(model, block, inputs, device, numerics.PROVIDER)
         provider_errors = _errors(provider, golden)
     progress(f"candidate {candidate.name}")
     with timed(timings, "candidate"):
-        measured = candidate_replay(model, block, captured, device, candidate)
+        measured = candidate_replay(model, block, inputs, device, candidate)
         candidate_errors = _errors(measured, golden)
     ulp, artifacts = {}, {}
     if diagnostics:
@@ -244,7 +252,7 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
     attribution = {}
     if diagnostics:
         with timed(timings, "attribution"):
-            attribution, consistency = attribute(model, block, captured, device, candidate, golden, frozen, progress)
+            attribution, consistency = attribute(model, block, inputs, device, candidate, golden, frozen, progress)
         checks += consistency
     return GateResult(
         gate=GATE,
@@ -263,7 +271,7 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
     )
 
 
-def attribute(model, block, captured, device, candidate, golden, frozen, progress):
+def attribute(model, block, inputs, device, candidate, golden, frozen, progress):
     """Hybrid runs: per op group swapped back to the provider, the error table, and the group they point at."""
     try:
         hybrids = {group: candidate.with_provider_groups((group,)) for group in OP_GROUPS}
@@ -273,11 +281,11 @@ def attribute(model, block, captured, device, candidate, golden, frozen, progres
     tables = {}
     for group, hybrid in hybrids.items():
         progress(f"hybrid {group}")
-        tables[group] = _errors(candidate_replay(model, block, captured, device, hybrid), golden)
+        tables[group] = _errors(candidate_replay(model, block, inputs, device, hybrid), golden)
     progress("hybrid all groups")
     with numerics.deterministic():
-        provider = provider_replay(model, block, captured, device, numerics.PROVIDER)
-        all_provider = candidate_replay(model, block, captured, device, everything)
+        provider = provider_replay(model, block, inputs, device, numerics.PROVIDER)
+        all_provider = candidate_replay(model, block, inputs, device, everything)
     differing = [name for name in provider if name not in all_provider or not torch.equal(all_provider[name], provider[name])]
     consistency = [
         Check(
