@@ -2,7 +2,8 @@
 # Profiler evidence for the performance targets h3_triton misses: Nsight Compute on one run of each op at
 # release shapes (benchmarks/profile_op.py), candidate and provider, clocks left alone (--clock-control none).
 # Each profile's details page goes to $OUT/ncu-<name>.csv; summary lines (duration, throughput) are echoed.
-# Last, the small model gate's phases split into GPU kernel time and the gate's own time (gate_phases.py --profile).
+# Last, the gate's own cost: the small model gate's and a release-size block gate's phases, each split into GPU
+# kernel time and the gate's own time (gate_phases.py --profile).
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
 profile() {
@@ -20,6 +21,6 @@ profile attention-bwd-cudnn attention --backward --provider --sdpa cudnn
 profile silu-linear-bwd silu_linear --backward
 profile silu-linear-bwd-provider silu_linear --backward --provider
 profile norm rms_norm_modulate
-# The gate's own cost: each phase of the small model gate split into GPU kernel time and the rest.
-phase gate-cost-small 240 python3 benchmarks/gate_phases.py --model small --device cuda --profile
-cat "$OUT/gate-cost-small.log"
+phase gate-cost-small 150 python3 benchmarks/gate_phases.py --model small --device cuda --profile
+phase gate-cost-release-block 240 python3 benchmarks/gate_phases.py --gate block --model release --device cuda --profile
+cat "$OUT/gate-cost-small.log" "$OUT/gate-cost-release-block.log"
