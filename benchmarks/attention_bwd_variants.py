@@ -10,9 +10,9 @@ FlashAttention's backward has five; it runs at 0.70x the provider's backward on 
 FlashAttention-3: the dK/dV program also forms its key block's share of dQ, dS^T K, and adds it to a float32
 accumulator of the query tile in key-block order, waiting on a per-tile counter until the key blocks before it
 have added theirs (acquire), then bumping it (release). The sum order is fixed, so results are bitwise
-reproducible; the float32 sums are scaled and rounded to the inputs' dtype afterwards. Programs are dispatched in key-block order
-within a head, so a program only ever waits for one that is already running. Every variant's gradients are
-compared with h3_triton's (max abs difference) so a fast wrong kernel shows.
+reproducible; the float32 sums are scaled and rounded to the inputs' dtype afterwards. Programs are dispatched in
+key-block order within a head, so a program only ever waits for one that is already running. Every variant's
+gradients are compared with h3_triton's (max abs difference) so a fast wrong kernel shows.
 
 Measured on an H200 (``results/h200-perf/attention-bwd-variants.log``): 473.6 ms at 64x128 against h3_triton's
 277.3 ms, so it is not adopted. Triton 3.6 does not software-pipeline a loop that waits on a counter (the

@@ -115,7 +115,8 @@ def main():
             if args.gate == "model":
                 result = model_gate.check(model, candidate, contract, frozen, args.device)
             else:
-                result = block_gate.check(model, candidate, contract, frozen, args.device, 0, thresholds, progress=progress)
+                result = block_gate.check(model, candidate, contract, frozen, args.device, 0, thresholds,
+                                          progress=progress)
     print_phases("check", result.timings, check_profile)
     print(f"{args.gate} gate of {model.name} on {args.device}, candidate {args.candidate}: {result.summary()}")
 

@@ -2,15 +2,15 @@
 
 Usage (GPU): python benchmarks/row_tilings.py [--rows 1,2,4,...] [--warps 4,8,16] [--chunks 512,1024,...]
 
-These kernels take their tiling from ``h3_triton.rowreduce.full_row_tiling`` (a heuristic: ~4096 elements
-per tile on a GPU, 8-16 elements per thread; the norm's forward adjusts it in ``_forward_tiling``); this sweep replaces the
-forward's tiling only, times each with ``triton.testing.do_bench`` (median) and prints GB/s of activation
-traffic and its fraction of the device copy bandwidth measured in the same run, the tiling in use marked, and
-the largest difference from the output of the tiling in use, so a tiling that computes something else shows.
-A tile row is the padded row of the norm, and all heads of one position (padded heads x head_dim) for QK-norm +
-RoPE, whose ``rows`` are positions. The norm's forward walks a row in chunks of the tiling's width, so it is also
-swept over ``--chunks`` narrower than the padded row. Tilings whose tile exceeds 32768 elements are skipped (they
-spill registers).
+These kernels take their tiling from ``h3_triton.rowreduce.full_row_tiling`` (a heuristic: ~4096 elements per tile
+on a GPU, 8-16 elements per thread; the norm's forward adjusts it in ``_forward_tiling``); this sweep replaces the
+forward's tiling only, times each with ``triton.testing.do_bench`` (median) and prints GB/s of activation traffic
+and its fraction of the device copy bandwidth measured in the same run, the tiling in use marked, and the largest
+difference from the output of the tiling in use, so a tiling that computes something else shows. A tile row is the
+padded row of the norm, and all heads of one position (padded heads x head_dim) for QK-norm + RoPE, whose ``rows``
+are positions. The norm's forward walks a row in chunks of the tiling's width, so it is also swept over
+``--chunks`` narrower than the padded row. Tilings whose tile exceeds 32768 elements are skipped (they spill
+registers).
 """
 
 import argparse

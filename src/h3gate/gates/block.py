@@ -221,11 +221,16 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
     with timed(timings, "golden"):
         golden = provider_replay(model, block, inputs, device, numerics.GOLDEN)
     # Taps stay on the device (a release block's are 19 GB per bf16 replay, 38 GB golden's): each replay is
-    # reduced to its errors and ULP histograms before the next, so at most two are held beside golden's.
+    # reduced to its errors and ULP histograms before the next, so only golden's are held beside one replay's.
+    histograms = {}
     progress("provider")
     with timed(timings, "provider"):
         provider = provider_replay(model, block, inputs, device, numerics.PROVIDER)
         provider_errors = _errors(provider, golden)
+    if diagnostics:
+        with timed(timings, "ulp"):
+            histograms["provider"] = ulp_histograms(provider, golden)
+    del provider
     progress(f"candidate {candidate.name}")
     with timed(timings, "candidate"):
         measured = candidate_replay(model, block, inputs, device, candidate)
@@ -233,10 +238,11 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
     ulp, artifacts = {}, {}
     if diagnostics:
         with timed(timings, "ulp"):
-            ulp = ulp_sweep(measured, provider, golden)
+            histograms["candidate"] = ulp_histograms(measured, golden)
+            ulp = ulp_sweep(histograms["candidate"], histograms["provider"])
             artifacts = write_ulp_artifacts(ulp, Path(out_dir) / "block" / f"{model.name}-block{block}")
     recorded = set(measured)
-    del provider, measured  # attribution replays the block nine more times; of the taps only golden's stay
+    del measured
     if not any(point in recorded for point in BLOCK_TAP_POINTS):
         reason = (
             f"candidate {candidate.name} exposes none of the block program's tap points (its blocks do not run "
@@ -308,22 +314,31 @@ def attribute(model, block, inputs, device, candidate, golden, frozen, progress)
 # ULP sweep --------------------------------------------------------------------------------------------
 
 
-def _histogram(distances: torch.Tensor) -> list[int]:
-    edges = torch.tensor([b for b in ULP_BINS[1:-1]], dtype=torch.int64, device=distances.device)
-    index = torch.bucketize(distances.flatten(), edges, right=True)
-    return torch.bincount(index, minlength=len(ULP_BINS) - 1).tolist()
+_ULP_CHUNK = 1 << 26  # elements per step of a histogram: its int64 temporaries stay near 0.5 GB each
 
 
-def ulp_sweep(candidate: TapStore, provider: TapStore, golden: TapStore) -> dict:
-    """Per tap: ULP-distance histograms (bins ``ULP_BINS``) of candidate and provider against golden."""
-    sweep = {}
-    for name in golden:
-        if name in candidate and name in provider and golden[name].is_floating_point():
-            sweep[name] = {
-                "dtype": str(candidate[name].dtype).removeprefix("torch."),
-                "candidate": _histogram(ulp_distance(candidate[name], golden[name])),
-                "provider": _histogram(ulp_distance(provider[name], golden[name])),
-            }
+def _histogram(x: torch.Tensor, ref: torch.Tensor) -> list[int]:
+    """Counts of the ULP distances of ``x`` to ``ref`` per bin of ``ULP_BINS``, in chunks of the flattened taps
+    (a release block's SwiGLU input has 1.1 G elements, whose distances alone would take 8.8 GB)."""
+    x, ref = x.reshape(-1), ref.reshape(-1)
+    edges = torch.tensor([b for b in ULP_BINS[1:-1]], dtype=torch.int64, device=x.device)
+    counts = torch.zeros(len(ULP_BINS) - 1, dtype=torch.int64, device=x.device)
+    for start in range(0, x.numel(), _ULP_CHUNK):
+        distances = ulp_distance(x[start:start + _ULP_CHUNK], ref[start:start + _ULP_CHUNK])
+        counts += torch.bincount(torch.bucketize(distances, edges, right=True), minlength=len(counts))
+    return counts.tolist()
+
+
+def ulp_histograms(store: TapStore, golden: TapStore) -> dict:
+    """Per floating tap of golden: ``(dtype, ULP-distance histogram)`` of ``store``'s tap against golden's."""
+    return {name: (str(store[name].dtype).removeprefix("torch."), _histogram(store[name], golden[name]))
+            for name in golden if name in store and golden[name].is_floating_point()}
+
+
+def ulp_sweep(candidate: dict, provider: dict) -> dict:
+    """Per tap: the candidate's and the provider's histograms (:func:`ulp_histograms`) side by side."""
+    sweep = {name: {"dtype": dtype, "candidate": counts, "provider": provider[name][1]}
+             for name, (dtype, counts) in candidate.items() if name in provider}
     return {"bins": [str(b) for b in ULP_BINS], "taps": sweep}
 
 
