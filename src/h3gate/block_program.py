@@ -114,9 +114,10 @@ def _provider_attention(processor, q, k, v):
     )
     backend = processor._attention_backend or _AttentionBackendRegistry.get_active_backend()[0]
     batch, rows, heads, _ = q.shape
-    chunk = max(1, MATH_SCORES_BYTES // (batch * heads * k.shape[1] * q.element_size()))
-    if AttentionBackendName(backend) != AttentionBackendName._NATIVE_MATH or chunk >= rows:
+    row_bytes = batch * heads * k.shape[1] * q.element_size()
+    if AttentionBackendName(backend) != AttentionBackendName._NATIVE_MATH or rows * row_bytes <= MATH_SCORES_BYTES:
         return attend(q, k, v)
+    chunk = max(1, MATH_SCORES_BYTES // row_bytes)
     return torch.cat(
         [checkpoint(attend, q[:, start:start + chunk], k, v, use_reentrant=False) for start in range(0, rows, chunk)],
         dim=1,

@@ -211,25 +211,24 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
     progress("capture")
     with timed(timings, "capture"):
         captured, digest = capture(model, contract, device, block, out_dir)
+        inputs = replay_inputs(captured, device)
     if digest != frozen.provenance.get("capture_sha256"):
         raise bounds_mod.BoundsError(
             f"the capture of block {block} (sha256 {digest[:12]}) is not the one {frozen.path} was frozen from "
             f"({str(frozen.provenance.get('capture_sha256'))[:12]}): the model, contract or provider changed; re-freeze"
         )
-    inputs = replay_inputs(captured, device)
     progress("golden")
     with timed(timings, "golden"):
         golden = provider_replay(model, block, inputs, device, numerics.GOLDEN)
     # Taps stay on the device (a release block's are 19 GB per bf16 replay, 38 GB golden's): each replay is
     # reduced to its errors and ULP histograms before the next, so only golden's are held beside one replay's.
-    histograms = {}
     progress("provider")
     with timed(timings, "provider"):
         provider = provider_replay(model, block, inputs, device, numerics.PROVIDER)
         provider_errors = _errors(provider, golden)
     if diagnostics:
         with timed(timings, "ulp"):
-            histograms["provider"] = ulp_histograms(provider, golden)
+            provider_ulp = ulp_histograms(provider, golden)
     del provider
     progress(f"candidate {candidate.name}")
     with timed(timings, "candidate"):
@@ -238,8 +237,7 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
     ulp, artifacts = {}, {}
     if diagnostics:
         with timed(timings, "ulp"):
-            histograms["candidate"] = ulp_histograms(measured, golden)
-            ulp = ulp_sweep(histograms["candidate"], histograms["provider"])
+            ulp = ulp_sweep(ulp_histograms(measured, golden), provider_ulp)
             artifacts = write_ulp_artifacts(ulp, Path(out_dir) / "block" / f"{model.name}-block{block}")
     recorded = set(measured)
     del measured
