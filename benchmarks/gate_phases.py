@@ -72,7 +72,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gate", choices=("model", "block"), default="model")
     parser.add_argument("--model", default="small",
-                        help="tiny, small, or release (one release block; the block gate only)")
+                        help="tiny, small, a checkpoint folder, or release (one release-size block; block gate only)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--candidate", default="h3_triton")
     parser.add_argument("--variants", help="comma-separated provider variants to freeze with (default: all of the "
