@@ -167,11 +167,11 @@ def _forward_tiling(width: int, name: str):
     """The forward's tiling: the shared one, except that a single wide row goes in chunks of 1024 with 4 warps.
 
     The shared tiling pads a row to a power of two (5376 -> 8192 lanes) and, for one row, up to 16 warps.
-    Measured on an H200 at the release width 5376 (``benchmarks/norm_variants.py``, ``row_tilings.py``):
-    the whole padded row takes 0.309 ms (62% of the copy bandwidth) with 4 warps and 0.42 ms with 16; chunks of
-    1024 with 4 warps take 0.245 ms (78%), of 512 0.251 ms, of 2048 with 8 warps 0.260 ms. Smaller tiles keep
-    fewer registers live, so more rows are in flight per SM. The backward keeps the shared tiling: its row ranges,
-    and so its summation order, follow from it.
+    Measured on an H200 at the release width 5376 (``benchmarks/row_tilings.py``; ``results/h200-perf/
+    norm-variants.log``, ``row-tilings-chunks.log``): the whole padded row takes 0.309 ms (62% of the copy
+    bandwidth) with 4 warps and 0.42 ms with 16; chunks of 1024 with 4 warps take 0.245 ms (79%), of 512 0.254 ms,
+    of 2048 0.260 ms. Smaller tiles keep fewer registers live, so more rows are in flight per SM. The backward keeps
+    the shared tiling: its row ranges, and so its summation order, follow from it.
     """
     tiling = full_row_tiling(width, name)
     if tiling.rows > 1:
