@@ -20,6 +20,7 @@ Measured on an H200 (``results/h200-perf/attention-bwd-variants.log``): 473.6 ms
 query tile.
 """
 
+import argparse
 import math
 import re
 
@@ -32,7 +33,6 @@ from h3_triton.attention import _heads_base, _probabilities, _scores
 from h3_triton.interpret import INTERPRET, mma, to_dtype
 from h3gate.bench import SHAPES, cases, median_ms
 
-import variant_cli
 
 
 @triton.jit
@@ -128,7 +128,16 @@ def parse_config(text: str) -> dict:
 
 
 def main():
-    args, configs = variant_cli.parse(__doc__, "64x128w8s3,64x128w8s2,64x64w4s3,32x128w4s3", parse_config)
+    defaults = "64x128w8s3,64x128w8s2,64x64w4s3,32x128w4s3"
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--configs", default=defaults, help=f"comma-separated tilings of the variant (default: {defaults})")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="release")
+    parser.add_argument("--device", default="cuda")
+    args = parser.parse_args()
+    try:
+        configs = {name: parse_config(name) for name in args.configs.split(",")}
+    except ValueError as error:
+        parser.error(str(error))
     case = next(c for c in cases(SHAPES[args.shape], args.device) if c.op == "attention")
     inputs = case.make()
     q, k, v = (inputs[name].detach().requires_grad_() for name in ("q", "k", "v"))
