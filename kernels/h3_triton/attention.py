@@ -4,16 +4,16 @@ Replaces the ``dispatch_attention_fn`` call of ``MiniMaxH3Transformer3DModel``, 
 passes there, (batch, sequence, heads, head_dim) with arbitrary outer strides, and never materialises the
 S x S score matrix (S is 38,222 at release: the matrix alone would be 5.8 GB per head).
 
-Forward: one program per (query block, batch x head) sweeps the key blocks with the online softmax in base 2
-(the softmax scale is folded with log2(e) so each score costs one ``exp2``) and saves every row's base-2 max
-and log2 of its sum. bfloat16 tensors whose rows and heads start on 16-byte boundaries (any contiguous
-(B, S, H, D)) are read through tensor descriptors (TMA): 0.94x cuDNN on an H200 at release shape against 0.89x
-for pointer loads (``benchmarks/results/h200-perf/attention-variants.log``). Full key tiles run unmasked; only
-the last partial tile pays for the mask, which keeps padded keys out of the softmax. Backward recomputes the probabilities from those two: a preprocess kernel for
-delta = rowsum(dO * O), one kernel for dK and dV per key block looping over query blocks, one for dQ per query
-block looping over key blocks. Each output element is written by exactly one program, so results are
-deterministic without atomics. Every dot goes through :func:`h3_triton.interpret.mma`, except that float32
-scores are summed in float64 (:func:`_scores`).
+Forward: one program per (query block, batch x head) sweeps the key blocks with the online softmax in base 2 (the
+softmax scale is folded with log2(e) so each score costs one ``exp2``) and saves every row's base-2 max and log2
+of its sum. bfloat16 tensors whose rows and heads start on 16-byte boundaries (any contiguous (B, S, H, D)) are
+read through tensor descriptors (TMA): 0.94x cuDNN on an H200 at release shape against 0.89x for pointer loads
+(``benchmarks/results/h200-perf/attention-variants.log``). Full key tiles run unmasked; only the last partial
+tile pays for the mask, which keeps padded keys out of the softmax. Backward recomputes the probabilities from
+those two: a preprocess kernel for delta = rowsum(dO * O), one kernel for dK and dV per key block looping over
+query blocks, one for dQ per query block looping over key blocks. Each output element is written by exactly one
+program, so results are deterministic without atomics. Every dot goes through :func:`h3_triton.interpret.mma`,
+except that float32 scores are summed in float64 (:func:`_scores`).
 """
 
 import math
