@@ -1,23 +1,36 @@
-"""The attention backward at release shape: h3_triton's two kernels and a variant that computes dQ with dK and dV.
+"""The attention backward at release shape: h3_triton's kernels, the provider's, and a variant that computes dQ
+with dK and dV, summing it in 64-bit fixed point.
 
-Usage (GPU): python benchmarks/attention_bwd_variants.py [--configs 64x128w8s3,...]
+Usage (GPU): python benchmarks/attention_bwd_variants.py [--configs 64x128w8s2t,...]
              TRITON_INTERPRET=1 python benchmarks/attention_bwd_variants.py --shape small --device cpu   (checks itself)
 
 h3_triton's backward is deterministic without atomics: one kernel per key block computes dK and dV (recomputing
 Q K^T and dP = dO V^T), one per query block computes dQ (recomputing both again), seven S x S x D products where
 FlashAttention's backward has five; it runs at 0.70x the provider's backward on an H200
-(``results/h200-perf/h200-release-ops-block-tma.json``). The variant is the deterministic scheme of
-FlashAttention-3: the dK/dV program also forms its key block's share of dQ, dS^T K, and adds it to a float32
-accumulator of the query tile in key-block order, waiting on a per-tile counter until the key blocks before it
-have added theirs (acquire), then bumping it (release). The sum order is fixed, so results are bitwise
-reproducible; the float32 sums are scaled and rounded to the inputs' dtype afterwards. Programs are dispatched in
-key-block order within a head, so a program only ever waits for one that is already running. Every variant's
-gradients are compared with h3_triton's (max abs difference) so a fast wrong kernel shows.
+(``results/h200-perf/h200-release-ops-block-tma.json``). Adding each key block's share of dQ to a float32
+accumulator with atomics saves the two products but makes dQ depend on the order the adds land in, which the
+kernel gate rejects (two runs must be bitwise equal). Ordering the adds, as FlashAttention-3's deterministic mode
+does, ran at 0.59x of h3_triton's speed (``results/h200-perf/attention-bwd-variants.log``, this script at commit
+635548a): Triton 3.6 does not software-pipeline a loop that waits on a counter.
 
-Measured on an H200 (``results/h200-perf/attention-bwd-variants.log``): 473.6 ms at 64x128 against h3_triton's
-277.3 ms, so it is not adopted. Triton 3.6 does not software-pipeline a loop that waits on a counter (the
-64x128 tiling needs the same shared memory at 2 and 3 stages), and the waits serialise the key blocks of each
-query tile.
+The variant keeps the atomics and makes their order irrelevant: each share, dS^T K, is scaled by a power of two
+per query row and truncated to int64, and integer addition is associative. The scale puts a bound of every
+partial sum of the row at 2**62: |dS_ij| = P_ij |dP_ij - delta_i| <= 2 |dO_i| max_j |V_j| P_ij (O_i is a convex
+combination of V's rows) and sum_j P_ij = 1, so |dQ_id| <= 2 |dO_i| max_j |V_j| max_j |K_jd|, with 5% for
+rounding. Truncation costs at most one unit of 2**-62 of that bound per key block, far below float32's rounding
+of the same sum. ``t`` tilings add a tile with one TMA reduction (``cp.reduce.async.bulk``), the others with
+per-element atomics. Two more suffixes bracket the cost of the adds and are not valid backwards: ``f`` adds float32
+with the TMA reduction (FlashAttention's scheme, order-dependent), ``n`` leaves dQ out. Every variant's gradients
+are compared with h3_triton's (max abs difference) and run twice, so a fast wrong or unrepeatable kernel shows.
+
+Measured on an H200 (``results/h200-perf/attention-bwd-fixed-point.log``): h3_triton 280.3 ms, the provider
+199.9 ms (not bitwise repeatable: its dQ is summed with float32 atomics), the variant 358.8 ms with TMA
+reductions (gradients within 4.9e-4 of h3_triton's, bitwise repeatable) and 489-509 ms with per-element atomics
+(``attention-bwd-fixed-point-atomics.log``). The brackets: 205.6 ms without dQ, 299.0 ms with float32 TMA
+reductions. Five products can match the provider, but Triton 3.6 follows every tile's reduction with
+``cp.async.bulk.wait_group.read 0`` (in the PTX), so the loop stalls until the TMA unit has read the staged tile
+and the adds never overlap the next tile's products: float32 adds cost 93 ms, int64 adds 153 ms, both more than
+the 75 ms h3_triton's separate dQ products cost. Not adopted.
 """
 
 import argparse
@@ -31,34 +44,22 @@ import triton.language as tl
 from h3_triton import attention
 from h3_triton.attention import _heads_base, _probabilities, _scores
 from h3_triton.interpret import INTERPRET, mma, to_dtype
+from h3_triton.tma import set_scratch_allocator
 from h3gate.bench import SHAPES, cases, median_ms
 
+_BOUND_BITS = 62
+_ROUNDING_MARGIN = 1.05
+# How a tiling's suffix adds dQ's shares: int64 atomics, one int64 TMA reduction per tile, and the two brackets.
+_ADDS = {"": "atomic", "t": "tma", "f": "tma-float", "n": "none"}
 
 
 @triton.jit
-def _ordered_add(acc_ptrs, part, lock, pid_n, rows):
-    """Adds ``part`` to what the key blocks before ``pid_n`` left at ``acc_ptrs``, in key-block order.
-
-    One code path for every key block: Triton 3.6's software pipeliner fails on sm_90 when the loop holds this
-    wait in two branches (the last key block writing dQ itself), so the last block stores its sum like the
-    others and :func:`fused_backward` rounds the float32 sums afterwards, as FlashAttention-3 does.
-    """
-    seen = tl.atomic_add(lock, 0, sem="acquire")
-    while seen != pid_n:
-        seen = tl.atomic_add(lock, 0, sem="acquire")
-    if pid_n > 0:
-        part += tl.load(acc_ptrs, mask=rows[:, None], other=0.0, cache_modifier=".cg")
-    tl.store(acc_ptrs, part, mask=rows[:, None])
-    tl.debug_barrier()
-    tl.atomic_xchg(lock, pid_n + 1, sem="release")
-
-
-@triton.jit
-def _fused_bwd(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV, DQ_ACC, LOCKS,
-               stride_b, stride_s, stride_h, H, S, M_BLOCKS, sm_scale, qk_scale,
-               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr):
-    """dK, dV of one key block and its share of dQ (unscaled, float32, in DQ_ACC of (B*H, S, D)); every tensor
-    of (B, S, H, D) shares one layout."""
+def _fused_bwd(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DQ_SCALE, DK, DV, DQ_ACC,
+               stride_b, stride_s, stride_h, H, S, sm_scale, qk_scale,
+               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, ADD: tl.constexpr,
+               UPCAST: tl.constexpr):
+    """dK, dV of one key block and its share of dQ, added (``ADD``, see :data:`_ADDS`) to DQ_ACC of (B*H, S, D);
+    every tensor of (B, S, H, D) shares one layout."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     base = _heads_base(pid_bh, H, stride_b, stride_h)
@@ -70,10 +71,13 @@ def _fused_bwd(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV, DQ_ACC, LOCKS,
     v = tl.load(V + kv_off, mask=keys, other=0.0)
     rows_base = pid_bh.to(tl.int64) * S
     acc_base = DQ_ACC + rows_base * HEAD_DIM
+    if ADD != "atomic":
+        acc_desc = tl.make_tensor_descriptor(acc_base, shape=[S, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                             block_shape=[BLOCK_M, HEAD_DIM])
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
-    for mb in range(0, M_BLOCKS):
-        offs_m = mb * BLOCK_M + tl.arange(0, BLOCK_M)
+    for start_m in range(0, S, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
         rows = offs_m < S
         q_off = base + offs_m[:, None] * stride_s + offs_d[None, :]
         q = tl.load(Q + q_off, mask=rows[:, None], other=0.0)
@@ -81,6 +85,7 @@ def _fused_bwd(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV, DQ_ACC, LOCKS,
         row_max = tl.load(ROW_MAX + rows_base + offs_m, mask=rows, other=0.0)
         row_log_sum = tl.load(ROW_LOG_SUM + rows_base + offs_m, mask=rows, other=0.0)
         delta = tl.load(DELTA + rows_base + offs_m, mask=rows, other=0.0)
+        scale = tl.load(DQ_SCALE + rows_base + offs_m, mask=rows, other=0.0)
         qk_t = _scores(k, tl.trans(q), BLOCK_N, BLOCK_M, UPCAST)
         p_t = _probabilities(qk_t * qk_scale, row_max, row_log_sum, 1, False)
         dv = mma(to_dtype(p_t, do.dtype, UPCAST), do, dv, UPCAST)
@@ -88,10 +93,26 @@ def _fused_bwd(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV, DQ_ACC, LOCKS,
         ds_t = to_dtype(p_t * (dp_t - delta[None, :]), q.dtype, UPCAST)
         dk = mma(ds_t, q, dk, UPCAST)
         part = mma(tl.trans(ds_t), k, tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32), UPCAST)
-        acc_ptrs = acc_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :]
-        _ordered_add(acc_ptrs, part, LOCKS + pid_bh * M_BLOCKS + mb, pid_n, rows)
+        fixed = (part * scale[:, None]).to(tl.int64).to(tl.uint64, bitcast=True)
+        if ADD == "tma":
+            acc_desc.atomic_add([start_m, 0], fixed)
+        elif ADD == "tma-float":
+            acc_desc.atomic_add([start_m, 0], part)
+        elif ADD == "atomic":
+            tl.atomic_add(acc_base + offs_m[:, None] * HEAD_DIM + offs_d[None, :], fixed, mask=rows[:, None],
+                          sem="relaxed")
     tl.store(DK + kv_off, to_dtype(dk * sm_scale, DK.dtype.element_ty, UPCAST), mask=keys)
     tl.store(DV + kv_off, to_dtype(dv, DV.dtype.element_ty, UPCAST), mask=keys)
+
+
+def dq_scale(k: torch.Tensor, v: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    """Per query row of (B*H, S): the power of two that maps the row's bound on |dQ| to 2**62."""
+    B, S, H, _ = do.shape
+    value_norm = v.float().norm(dim=-1).amax(dim=1)
+    key_max = k.float().abs().amax(dim=(1, 3))
+    bound = 2 * _ROUNDING_MARGIN * do.float().norm(dim=-1) * (value_norm * key_max)[:, None, :]
+    exponent = (_BOUND_BITS - torch.ceil(torch.log2(bound))).clamp(-126, 126)
+    return torch.exp2(exponent).permute(0, 2, 1).reshape(B * H, S).contiguous()
 
 
 def fused_backward(out: torch.Tensor, do: torch.Tensor, config: dict):
@@ -100,35 +121,48 @@ def fused_backward(out: torch.Tensor, do: torch.Tensor, config: dict):
     B, S, H, D = q.shape
     if not all(t.stride() == q.stride() for t in (k, v, do)):
         raise ValueError("the variant takes q, k, v and dout of one layout (the bench's are contiguous)")
+    if config["ADD"] != "atomic" and INTERPRET:
+        raise ValueError("Triton's interpreter has no TMA reduction; drop the suffix of the tiling")
     sm_scale = 1.0 / math.sqrt(D)
     delta = torch.empty_like(row_max)
     attention._delta(attention._grid(B, H, S, "BLOCK_M"), o, do, delta, *q.stride()[:3], *do.stride()[:3], H, S,
                      HEAD_DIM=D, UPCAST=INTERPRET)
+    scale = dq_scale(k, v, do)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    m_blocks, n_blocks = triton.cdiv(S, config["BLOCK_M"]), triton.cdiv(S, config["BLOCK_N"])
-    accumulator = torch.empty((B * H, S, D), dtype=torch.float32, device=q.device)
-    locks = torch.zeros((B * H, m_blocks), dtype=torch.int32, device=q.device)
-    _fused_bwd[(n_blocks, B * H)](
-        q, k, v, do, row_max, row_log_sum, delta, dk, dv, accumulator, locks,
-        *q.stride()[:3], H, S, m_blocks, sm_scale, sm_scale * math.log2(math.e),
-        HEAD_DIM=D, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], UPCAST=INTERPRET,
+    floats = config["ADD"] == "tma-float"
+    accumulator = torch.zeros((B * H, S, D), dtype=torch.float32 if floats else torch.uint64, device=q.device)
+    if config["ADD"] != "atomic":
+        set_scratch_allocator()
+    _fused_bwd[(triton.cdiv(S, config["BLOCK_N"]), B * H)](
+        q, k, v, do, row_max, row_log_sum, delta, scale, dk, dv, accumulator,
+        *q.stride()[:3], H, S, sm_scale, sm_scale * math.log2(math.e),
+        HEAD_DIM=D, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"], ADD=config["ADD"], UPCAST=INTERPRET,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
-    dq = (accumulator.view(B, H, S, D).transpose(1, 2) * sm_scale).to(q.dtype)
+    summed = accumulator if floats else accumulator.view(torch.int64).double() / scale.double()[..., None]
+    dq = (summed * sm_scale).to(q.dtype).view(B, H, S, D).transpose(1, 2)
     return dq, dk, dv
 
 
 def parse_config(text: str) -> dict:
-    """``64x128w8s3`` -> BLOCK_M 64 (queries), BLOCK_N 128 (keys), 8 warps, 3 stages."""
-    found = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)", text)
+    """``64x128w8s2t`` -> BLOCK_M 64 (queries), BLOCK_N 128 (keys), 8 warps, 2 stages, adds of :data:`_ADDS`."""
+    found = re.fullmatch(r"(\d+)x(\d+)w(\d+)s(\d+)([tfn]?)", text)
     if not found:
-        raise ValueError(f"config {text!r}: write BLOCK_MxBLOCK_N, warps, stages as 64x128w8s3")
-    m, n, warps, stages = map(int, found.groups())
-    return dict(BLOCK_M=m, BLOCK_N=n, num_warps=warps, num_stages=stages)
+        raise ValueError(f"config {text!r}: write BLOCK_MxBLOCK_N, warps, stages and a suffix of {_ADDS} "
+                         "as 64x128w8s2t")
+    m, n, warps, stages = map(int, found.groups()[:4])
+    return dict(BLOCK_M=m, BLOCK_N=n, num_warps=warps, num_stages=stages, ADD=_ADDS[found.group(5)])
+
+
+def provider_backward(q, k, v, do):
+    """The provider's attention (torch SDPA, default backends) and its backward, on the (B, H, S, D) transposes."""
+    leaves = [t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v)]
+    out = torch.nn.functional.scaled_dot_product_attention(*leaves)
+    return lambda: torch.autograd.grad(out, leaves, do.transpose(1, 2), retain_graph=True)
 
 
 def main():
-    defaults = "64x128w8s3,64x128w8s2,64x64w4s3,32x128w4s3"
+    defaults = "64x128w8s2t,32x128w8s2t,64x128w8s2f,64x128w8s2n"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--configs", default=defaults, help=f"comma-separated tilings of the variant (default: {defaults})")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="release")
@@ -145,6 +179,9 @@ def main():
     do = torch.randn_like(out)
     reference = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
     runs = {"h3_triton": lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)}
+    if args.device.startswith("cuda"):
+        provider = provider_backward(q, k, v, do)
+        runs["provider"] = lambda: [g.transpose(1, 2) for g in provider()]
     runs.update({f"fused {name}": (lambda config=config: fused_backward(out, do, config))
                  for name, config in configs.items()})
     base_ms = None
