@@ -2,19 +2,21 @@
 chunks on threads, the ULP artifacts rendered on a thread of their own."""
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
 
+from h3gate.bounds import BoundsError
 from h3gate.files import sha256_file
 from h3gate.gates import block as block_gate
 
 
 def test_a_capture_read_back_is_what_was_written_and_its_digest_the_files(tiny, tiny_contract, tmp_path):
     captured, digest = block_gate.capture(tiny, tiny_contract, "cpu", 0, tmp_path)
-    assert digest == sha256_file(block_gate.capture_path(tmp_path, tiny, 0))
+    assert digest.result() == sha256_file(block_gate.capture_path(tmp_path, tiny, 0))
     again, digest_again = block_gate.capture(tiny, tiny_contract, "cpu", 0, tmp_path)
-    assert digest_again == digest and again.keys() == captured.keys()
+    assert digest_again.result() == digest.result() and again.keys() == captured.keys()
     assert all(torch.equal(again[name], captured[name]) for name in captured)
 
 
@@ -53,3 +55,9 @@ def test_ulp_artifacts_render_on_a_thread(tmp_path):
     assert json.loads(open(paths["ulp_json"]).read()) == sweep
     assert open(paths["ulp_png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
     assert sorted(p.name for p in (tmp_path / "block").iterdir()) == ["m-block0-ulp.json", "m-block0-ulp.png"]
+
+
+def test_a_check_refuses_a_capture_other_than_the_frozen_one(tiny, tiny_contract, tmp_path):
+    frozen = SimpleNamespace(provenance={"capture_sha256": "0" * 64}, path=tmp_path / "block0.json", bounds={})
+    with pytest.raises(BoundsError, match=r"sha256 [0-9a-f]{12}\) is not the one .*block0.json was frozen from"):
+        block_gate.check(tiny, None, tiny_contract, frozen, "cpu", 0, tmp_path)

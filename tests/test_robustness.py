@@ -106,13 +106,14 @@ def test_a_full_disk_leaves_nothing_half_written(tmp_path, monkeypatch):
 
 
 def test_a_capture_that_does_not_match_its_digest_is_refused(tiny, tiny_contract, tmp_path):
-    _, digest = block_gate.capture(tiny, tiny_contract, "cpu", 0, tmp_path)
+    block_gate.capture(tiny, tiny_contract, "cpu", 0, tmp_path)[1].result()
     path = block_gate.capture_path(tmp_path, tiny, 0)
     data = bytearray(path.read_bytes())
     data[-1] ^= 1
     path.write_bytes(bytes(data))
+    _, digest = block_gate.capture(tiny, tiny_contract, "cpu", 0, tmp_path)
     with pytest.raises(FileFormatError, match=r"block0.safetensors: capture does not match its sidecar"):
-        block_gate.capture(tiny, tiny_contract, "cpu", 0, tmp_path)
+        digest.result()
 
 
 class _Broken(Candidate):

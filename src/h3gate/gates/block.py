@@ -56,9 +56,11 @@ def capture_path(out_dir: Path, model: Model, block: int) -> Path:
     return Path(out_dir) / "captures" / f"{model.name}-{model.identity[:12]}" / f"block{block}.safetensors"
 
 
-def capture(model: Model, contract: ModelContract, device: str, block: int, out_dir: Path) -> tuple[dict, str]:
-    """(inputs of ``block`` in a provider forward at the contract, sha256 of the capture file); cached on disk.
-    The file is read and written once, hashed in memory: at release size it is 0.8 GB."""
+def capture(model: Model, contract: ModelContract, device: str, block: int, out_dir: Path) -> tuple[dict, Future]:
+    """(inputs of ``block`` in a provider forward at the contract, future of the capture file's sha256); cached
+    on disk. The file (0.8 GB at release size) is hashed, and a new one written, on a host thread while the
+    caller's golden replay runs on the device: the future's ``result()`` gives the digest, or raises
+    :class:`FileFormatError` for a file that does not match its sidecar."""
     from safetensors.torch import load, save
 
     path = capture_path(out_dir, model, block)
@@ -66,13 +68,17 @@ def capture(model: Model, contract: ModelContract, device: str, block: int, out_
     if path.exists():
         recorded = read_json(sidecar, "capture sidecar")
         data = path.read_bytes()
-        digest = sha256_bytes(data)
-        if recorded.get("sha256") != digest or recorded.get("model_identity") != model.identity:
-            raise FileFormatError(
-                path, f"capture does not match its sidecar {sidecar.name} (sha256 {digest[:12]}, recorded "
-                f"{str(recorded.get('sha256'))[:12]}): delete both files to capture again"
-            )
-        return load(data), digest
+
+        def verified() -> str:
+            digest = sha256_bytes(data)
+            if recorded.get("sha256") != digest or recorded.get("model_identity") != model.identity:
+                raise FileFormatError(
+                    path, f"capture does not match its sidecar {sidecar.name} (sha256 {digest[:12]}, recorded "
+                    f"{str(recorded.get('sha256'))[:12]}): delete both files to capture again"
+                )
+            return digest
+
+        return load(data), in_background(verified)
     inputs, _ = model_inputs(contract, model.config)
     captured = {}
 
@@ -91,11 +97,15 @@ def capture(model: Model, contract: ModelContract, device: str, block: int, out_
             transformer(**{k: v.to(device) for k, v in inputs.items()})
     finally:
         handle.remove()
-    data = save(captured)
-    write_atomic(path, data)
-    digest = sha256_bytes(data)
-    write_json(sidecar, {"sha256": digest, "model_identity": model.identity, "block": block, "contract": contract.to_json()})
-    return captured, digest
+    def written() -> str:
+        data = save(captured)
+        write_atomic(path, data)
+        digest = sha256_bytes(data)
+        write_json(sidecar, {"sha256": digest, "model_identity": model.identity, "block": block,
+                             "contract": contract.to_json()})
+        return digest
+
+    return captured, in_background(written)
 
 
 # Replay -----------------------------------------------------------------------------------------------
@@ -215,6 +225,8 @@ def freeze(model, contract, device, block, thresholds, out_dir, variant_names=No
     progress("golden")
     with timed(timings, "golden"):
         golden = provider_replay(model, block, inputs, device, numerics.GOLDEN)
+    with timed(timings, "capture"):  # the capture file, written while golden ran
+        digest = digest.result()
     modes = [numerics.PROVIDER] + [numerics.get(n, device) for n in (variant_names or [m.name for m in numerics.variants(device)])]
     errors = {}
     for mode in modes:
@@ -240,14 +252,16 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
     with timed(timings, "capture"):
         captured, digest = capture(model, contract, device, block, out_dir)
         inputs = replay_inputs(captured, device)
+    progress("golden")
+    with timed(timings, "golden"):
+        golden = provider_replay(model, block, inputs, device, numerics.GOLDEN)
+    with timed(timings, "capture"):  # the capture file, hashed while golden ran
+        digest = digest.result()
     if digest != frozen.provenance.get("capture_sha256"):
         raise bounds_mod.BoundsError(
             f"the capture of block {block} (sha256 {digest[:12]}) is not the one {frozen.path} was frozen from "
             f"({str(frozen.provenance.get('capture_sha256'))[:12]}): the model, contract or provider changed; re-freeze"
         )
-    progress("golden")
-    with timed(timings, "golden"):
-        golden = provider_replay(model, block, inputs, device, numerics.GOLDEN)
     # Taps stay on the device (a release block's are 19 GB per bf16 replay, 38 GB golden's): each replay is
     # reduced to its errors and ULP histograms before the next, so only golden's are held beside one replay's.
     progress("provider")
