@@ -2,6 +2,7 @@
 with dK and dV, summing it in 64-bit fixed point.
 
 Usage (GPU): python benchmarks/attention_bwd_variants.py [--configs 64x128w8s2t,...]
+             ncu --profile-from-start off -k regex:_fused_bwd python benchmarks/attention_bwd_variants.py --profile
              TRITON_INTERPRET=1 python benchmarks/attention_bwd_variants.py --shape small --device cpu   (checks itself)
 
 h3_triton's backward is deterministic without atomics: one kernel per key block computes dK and dV (recomputing
@@ -24,13 +25,15 @@ with the TMA reduction (FlashAttention's scheme, order-dependent), ``n`` leaves 
 are compared with h3_triton's (max abs difference) and run twice, so a fast wrong or unrepeatable kernel shows.
 
 Measured on an H200 (``results/h200-perf/attention-bwd-fixed-point.log``): h3_triton 280.3 ms, the provider
-199.9 ms (not bitwise repeatable: its dQ is summed with float32 atomics), the variant 358.8 ms with TMA
+199.9 ms (two of its runs differ bitwise), the variant 358.8 ms with TMA
 reductions (gradients within 4.9e-4 of h3_triton's, bitwise repeatable) and 489-509 ms with per-element atomics
 (``attention-bwd-fixed-point-atomics.log``). The brackets: 205.6 ms without dQ, 299.0 ms with float32 TMA
-reductions. Five products can match the provider, but Triton 3.6 follows every tile's reduction with
-``cp.async.bulk.wait_group.read 0`` (in the PTX), so the loop stalls until the TMA unit has read the staged tile
-and the adds never overlap the next tile's products: float32 adds cost 93 ms, int64 adds 153 ms, both more than
-the 75 ms h3_triton's separate dQ products cost. Not adopted.
+reductions. Five products can match the provider; the adds cannot be hidden behind them. Triton 3.6 does
+pipeline the reduction (its TTGIR waits for a tile's reduction only before staging the next tile's), but the
+tiling that fits runs one 8-warp program per SM (12.5% occupancy, which ncu puts down to registers and
+shared memory: 209 KB a program), so that wait stalls the SM. Nsight Compute (``ncu/ncu-attention-bwd-fused.csv``, ``--profile``):
+349 ms, L2 at 51% and SM at 31% of peak with int64 adds; 294 ms, 31% and 37% with float32; 196 ms, 6% and 45%
+without dQ: neither L2 nor the SMs are saturated, the program waits. Not adopted.
 """
 
 import argparse
@@ -167,7 +170,11 @@ def main():
     parser.add_argument("--configs", default=defaults, help=f"comma-separated tilings of the variant (default: {defaults})")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="release")
     parser.add_argument("--device", default="cuda")
+    parser.add_argument("--profile", action="store_true", help="run each tiling once, untimed, inside a CUDA "
+                        "profiler range (for Nsight Compute with --profile-from-start off)")
     args = parser.parse_args()
+    if args.profile and not args.device.startswith("cuda"):
+        parser.error("--profile opens a CUDA profiler range: use it with --device cuda")
     try:
         configs = {name: parse_config(name) for name in args.configs.split(",")}
     except ValueError as error:
@@ -177,6 +184,12 @@ def main():
     q, k, v = (inputs[name].detach().requires_grad_() for name in ("q", "k", "v"))
     out = attention.attention(q, k, v)
     do = torch.randn_like(out)
+    if args.profile:
+        with torch.cuda.profiler.profile():
+            for config in configs.values():
+                fused_backward(out, do, config)
+                torch.cuda.synchronize()
+        return
     reference = torch.autograd.grad(out, (q, k, v), do, retain_graph=True)
     runs = {"h3_triton": lambda: torch.autograd.grad(out, (q, k, v), do, retain_graph=True)}
     if args.device.startswith("cuda"):
