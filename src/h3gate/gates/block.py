@@ -119,8 +119,8 @@ def seeded_normal(shape: torch.Size, seed: int) -> torch.Tensor:
     generator seeded ``seed + i``, the chunks on a thread pool (torch releases the GIL while it draws).
 
     The values depend on nothing but ``shape`` and ``seed`` (not the machine, its core count or device), and a
-    tensor of one chunk is ``torch.randn`` of ``Generator().manual_seed(seed)``. One generator drew a release
-    block's 205 M elements in about 1.5 s.
+    tensor of one chunk is ``torch.randn`` of ``Generator().manual_seed(seed)``. A release block's 205 M
+    elements took one generator 4.9 s on a 2-core host, and 2.4 s in chunks there.
     """
     out = torch.empty(shape, dtype=torch.float32)
     flat = out.view(-1)
