@@ -119,22 +119,15 @@ def _head_descriptor(ptr, S, stride_s, BLOCK: tl.constexpr, HEAD_DIM: tl.constex
 
 
 @triton.jit
-def _row_tiles(a_src, b_src, stride_a, stride_b, start, S, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
-               MASK: tl.constexpr, DESCRIBED: tl.constexpr):
-    """Rows [start, start + BLOCK) of two (S, HEAD_DIM) matrices of one head (k and v, or q and dO): through
-    tensor descriptors (``DESCRIBED``: rows past S fill with zeros) or pointers, where only the last partial
-    tile (``MASK``) pays for the mask and its padded rows load as zeros too."""
-    offs = start + tl.arange(0, BLOCK)
-    offs_d = tl.arange(0, HEAD_DIM)
-    if DESCRIBED:
-        return a_src.load([start, 0]), b_src.load([start, 0])
-    elif MASK:
-        in_seq = (offs < S)[:, None]
-        return (tl.load(a_src + offs[:, None] * stride_a + offs_d[None, :], mask=in_seq, other=0.0),
-                tl.load(b_src + offs[:, None] * stride_b + offs_d[None, :], mask=in_seq, other=0.0))
+def _key_value_tile(k_ptr, v_ptr, stride_k, stride_v, offs_n, offs_d, S, MASK_KEYS: tl.constexpr):
+    """One key tile and its value tile; only the last partial tile is masked (padded keys load as 0)."""
+    k_ptrs = k_ptr + offs_n[:, None] * stride_k + offs_d[None, :]
+    v_ptrs = v_ptr + offs_n[:, None] * stride_v + offs_d[None, :]
+    if MASK_KEYS:
+        in_seq = (offs_n < S)[:, None]
+        return tl.load(k_ptrs, mask=in_seq, other=0.0), tl.load(v_ptrs, mask=in_seq, other=0.0)
     else:
-        return (tl.load(a_src + offs[:, None] * stride_a + offs_d[None, :]),
-                tl.load(b_src + offs[:, None] * stride_b + offs_d[None, :]))
+        return tl.load(k_ptrs), tl.load(v_ptrs)
 
 
 @triton.jit
@@ -147,11 +140,17 @@ def _fwd_inner(acc, m_i, l_i, q, k_src, v_src, stride_kn, stride_vn, start, stop
     the masked pointer loads do; otherwise they are pointers.
     """
     offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(start, stop, BLOCK_N):
-        k, v = _row_tiles(k_src, v_src, stride_kn, stride_vn, start_n, S, BLOCK_N, HEAD_DIM, MASK_KEYS, DESCRIBED)
+        offs_n = start_n + offs_n0
+        if DESCRIBED:
+            k = k_src.load([start_n, 0])
+            v = v_src.load([start_n, 0])
+        else:
+            k, v = _key_value_tile(k_src, v_src, stride_kn, stride_vn, offs_n, offs_d, S, MASK_KEYS)
         qk = _scores(q, tl.trans(k), BLOCK_M, BLOCK_N, UPCAST)
         if MASK_KEYS:
-            qk = tl.where((start_n + offs_n0 < S)[None, :], qk, float("-inf"))
+            qk = tl.where((offs_n < S)[None, :], qk, float("-inf"))
         acc, m_i, l_i = _softmax_step(acc, m_i, l_i, qk, v, qk_scale, UPCAST)
     return acc, m_i, l_i
 
@@ -252,25 +251,28 @@ def _delta_kernel(O, DO, DELTA,
 
 
 @triton.jit
-def _dkdv_inner(dk, dv, k, v, q_src, do_src, max_ptr, log_sum_ptr, delta_ptr, stride_qs, stride_dos, start, stop, S,
+def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, max_ptr, log_sum_ptr, delta_ptr, stride_qs, stride_dos, start, stop, S,
                 qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-                MASK_QUERIES: tl.constexpr, DESCRIBED: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):
+                MASK_QUERIES: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):
     """Accumulate dK (unscaled) and dV of one key block over query tiles [start, stop), transposed (keys x queries).
 
     Padded query rows load as zeros with zero dO and delta, so their terms vanish exactly; the mask only keeps
-    the loads inside the tensors. ``q_src`` and ``do_src`` are tensor descriptors (``DESCRIBED``) or pointers.
+    the loads inside the tensors.
     """
     offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM)
     for start_m in range(start, stop, BLOCK_M):
         offs_m = start_m + offs_m0
-        q, do = _row_tiles(q_src, do_src, stride_qs, stride_dos, start_m, S, BLOCK_M, HEAD_DIM, MASK_QUERIES,
-                           DESCRIBED)
         if MASK_QUERIES:
             rows = offs_m < S
+            q = tl.load(q_ptr + offs_m[:, None] * stride_qs + offs_d[None, :], mask=rows[:, None], other=0.0)
+            do = tl.load(do_ptr + offs_m[:, None] * stride_dos + offs_d[None, :], mask=rows[:, None], other=0.0)
             row_max = tl.load(max_ptr + offs_m, mask=rows, other=0.0)
             row_log_sum = tl.load(log_sum_ptr + offs_m, mask=rows, other=0.0)
             delta = tl.load(delta_ptr + offs_m, mask=rows, other=0.0)
         else:
+            q = tl.load(q_ptr + offs_m[:, None] * stride_qs + offs_d[None, :])
+            do = tl.load(do_ptr + offs_m[:, None] * stride_dos + offs_d[None, :])
             row_max = tl.load(max_ptr + offs_m)
             row_log_sum = tl.load(log_sum_ptr + offs_m)
             delta = tl.load(delta_ptr + offs_m)
@@ -291,10 +293,9 @@ def _dkdv_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV,
                  stride_dob, stride_dos, stride_doh,
                  stride_gb, stride_gs, stride_gh,
                  H, S, sm_scale, qk_scale,
-                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DESCRIBED: tl.constexpr,
-                 EXACT: tl.constexpr, UPCAST: tl.constexpr):
-    """dK, dV of one key block; DK and DV share the strides (gb, gs, gh) of their contiguous allocation.
-    ``DESCRIBED``: q and dO tiles are read through tensor descriptors, as in the forward."""
+                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXACT: tl.constexpr,
+                 UPCAST: tl.constexpr):
+    """dK, dV of one key block; DK and DV share the strides (gb, gs, gh) of their contiguous allocation."""
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -304,11 +305,8 @@ def _dkdv_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV,
                 mask=key_in_seq, other=0.0)
     v = tl.load(V + _heads_base(pid_bh, H, stride_vb, stride_vh) + offs_n[:, None] * stride_vs + offs_d[None, :],
                 mask=key_in_seq, other=0.0)
-    q_src = Q + _heads_base(pid_bh, H, stride_qb, stride_qh)
-    do_src = DO + _heads_base(pid_bh, H, stride_dob, stride_doh)
-    if DESCRIBED:
-        q_src = _head_descriptor(q_src, S, stride_qs, BLOCK_M, HEAD_DIM)
-        do_src = _head_descriptor(do_src, S, stride_dos, BLOCK_M, HEAD_DIM)
+    q_ptr = Q + _heads_base(pid_bh, H, stride_qb, stride_qh)
+    do_ptr = DO + _heads_base(pid_bh, H, stride_dob, stride_doh)
     rows_base = pid_bh.to(tl.int64) * S
     max_ptr = ROW_MAX + rows_base
     log_sum_ptr = ROW_LOG_SUM + rows_base
@@ -317,10 +315,10 @@ def _dkdv_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV,
     dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
     full_stop = (S // BLOCK_M) * BLOCK_M
-    dk, dv = _dkdv_inner(dk, dv, k, v, q_src, do_src, max_ptr, log_sum_ptr, delta_ptr, stride_qs, stride_dos,
-                         0, full_stop, S, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, False, DESCRIBED, EXACT, UPCAST)
-    dk, dv = _dkdv_inner(dk, dv, k, v, q_src, do_src, max_ptr, log_sum_ptr, delta_ptr, stride_qs, stride_dos,
-                         full_stop, S, S, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, True, DESCRIBED, EXACT, UPCAST)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, max_ptr, log_sum_ptr, delta_ptr, stride_qs, stride_dos,
+                         0, full_stop, S, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, False, EXACT, UPCAST)
+    dk, dv = _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, max_ptr, log_sum_ptr, delta_ptr, stride_qs, stride_dos,
+                         full_stop, S, S, qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, True, EXACT, UPCAST)
 
     g_off = _heads_base(pid_bh, H, stride_gb, stride_gh) + offs_n[:, None] * stride_gs + offs_d[None, :]
     tl.store(DK + g_off, to_dtype(dk * sm_scale, DK.dtype.element_ty, UPCAST), mask=key_in_seq)
@@ -328,17 +326,19 @@ def _dkdv_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV,
 
 
 @triton.jit
-def _dq_inner(dq, q, do, row_max, row_log_sum, delta, k_src, v_src, stride_ks, stride_vs, start, stop, S, qk_scale,
+def _dq_inner(dq, q, do, row_max, row_log_sum, delta, k_ptr, v_ptr, stride_ks, stride_vs, start, stop, S, qk_scale,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-              MASK_KEYS: tl.constexpr, DESCRIBED: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):
+              MASK_KEYS: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):
     """Accumulate dQ (unscaled) of one query block over key tiles [start, stop)."""
     offs_n0 = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HEAD_DIM)
     for start_n in range(start, stop, BLOCK_N):
-        k, v = _row_tiles(k_src, v_src, stride_ks, stride_vs, start_n, S, BLOCK_N, HEAD_DIM, MASK_KEYS, DESCRIBED)
+        offs_n = start_n + offs_n0
+        k, v = _key_value_tile(k_ptr, v_ptr, stride_ks, stride_vs, offs_n, offs_d, S, MASK_KEYS)
         qk = _scores(q, tl.trans(k), BLOCK_M, BLOCK_N, UPCAST)
         p = _probabilities(qk * qk_scale, row_max, row_log_sum, 0, EXACT)
         if MASK_KEYS:
-            p = tl.where((start_n + offs_n0 < S)[None, :], p, 0.0)
+            p = tl.where((offs_n < S)[None, :], p, 0.0)
         dp = _scores(do, tl.trans(v), BLOCK_M, BLOCK_N, UPCAST)
         ds = p * (dp - delta[:, None])
         dq = mma(to_dtype(ds, k.dtype, UPCAST), k, dq, UPCAST)
@@ -353,9 +353,8 @@ def _dq_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DQ,
                stride_dob, stride_dos, stride_doh,
                stride_gb, stride_gs, stride_gh,
                H, S, sm_scale, qk_scale,
-               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DESCRIBED: tl.constexpr,
-               EXACT: tl.constexpr, UPCAST: tl.constexpr):
-    """dQ of one query block. ``DESCRIBED``: key and value tiles are read through tensor descriptors."""
+               HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXACT: tl.constexpr,
+               UPCAST: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -370,18 +369,15 @@ def _dq_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DQ,
     row_max = tl.load(ROW_MAX + rows_at, mask=row_in_seq, other=0.0)
     row_log_sum = tl.load(ROW_LOG_SUM + rows_at, mask=row_in_seq, other=0.0)
     delta = tl.load(DELTA + rows_at, mask=row_in_seq, other=0.0)
-    k_src = K + _heads_base(pid_bh, H, stride_kb, stride_kh)
-    v_src = V + _heads_base(pid_bh, H, stride_vb, stride_vh)
-    if DESCRIBED:
-        k_src = _head_descriptor(k_src, S, stride_ks, BLOCK_N, HEAD_DIM)
-        v_src = _head_descriptor(v_src, S, stride_vs, BLOCK_N, HEAD_DIM)
+    k_ptr = K + _heads_base(pid_bh, H, stride_kb, stride_kh)
+    v_ptr = V + _heads_base(pid_bh, H, stride_vb, stride_vh)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], dtype=tl.float32)
     full_stop = (S // BLOCK_N) * BLOCK_N
-    dq = _dq_inner(dq, q, do, row_max, row_log_sum, delta, k_src, v_src, stride_ks, stride_vs, 0, full_stop, S,
-                   qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, False, DESCRIBED, EXACT, UPCAST)
-    dq = _dq_inner(dq, q, do, row_max, row_log_sum, delta, k_src, v_src, stride_ks, stride_vs, full_stop, S, S,
-                   qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, True, DESCRIBED, EXACT, UPCAST)
+    dq = _dq_inner(dq, q, do, row_max, row_log_sum, delta, k_ptr, v_ptr, stride_ks, stride_vs, 0, full_stop, S,
+                   qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, False, EXACT, UPCAST)
+    dq = _dq_inner(dq, q, do, row_max, row_log_sum, delta, k_ptr, v_ptr, stride_ks, stride_vs, full_stop, S, S,
+                   qk_scale, BLOCK_M, BLOCK_N, HEAD_DIM, True, EXACT, UPCAST)
     tl.store(DQ + _heads_base(pid_bh, H, stride_gb, stride_gh) + offs_m[:, None] * stride_gs + offs_d[None, :],
              to_dtype(dq * sm_scale, DQ.dtype.element_ty, UPCAST), mask=rows)
 
@@ -429,15 +425,6 @@ def _contraction(dtype: torch.dtype) -> dict:
     return {"enable_fp_fusion": False} if dtype == torch.float32 else {}
 
 
-def _described(*tensors: torch.Tensor) -> bool:
-    """Whether a kernel reads (and the forward writes) these (B, S, H, D) tensors through tensor descriptors:
-    bfloat16, every head on 16-byte boundaries (the scratch allocator the descriptors need is then set)."""
-    described = tensors[0].dtype == torch.bfloat16 and all(aligned(t, _outer_strides(t)) for t in tensors)
-    if described:
-        set_scratch_allocator()
-    return described
-
-
 def _grid(B: int, H: int, S: int, block: str):
     return lambda meta: (triton.cdiv(S, meta[block]), B * H)
 
@@ -450,12 +437,15 @@ class _FlashAttention(torch.autograd.Function):
         o = torch.empty((B, S, H, D), dtype=q.dtype, device=q.device)
         row_max = torch.empty((B * H, S), dtype=torch.float32, device=q.device)
         row_log_sum = torch.empty_like(row_max)
+        described = q.dtype == torch.bfloat16 and all(aligned(t, _outer_strides(t)) for t in (q, k, v, o))
+        if described:
+            set_scratch_allocator()
         _fwd(
             _grid(B, H, S, "BLOCK_M"),
             q, k, v, o, row_max, row_log_sum,
             *_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(o),
             H, S, sm_scale * math.log2(math.e),
-            HEAD_DIM=D, DESCRIBED=_described(q, k, v, o), UPCAST=INTERPRET, **_contraction(q.dtype),
+            HEAD_DIM=D, DESCRIBED=described, UPCAST=INTERPRET, **_contraction(q.dtype),
         )
         ctx.save_for_backward(q, k, v, o, row_max, row_log_sum)
         return o
@@ -478,10 +468,16 @@ class _FlashAttention(torch.autograd.Function):
         dv = torch.empty_like(dq)
         common = (*_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(do),
                   *_outer_strides(dq), H, S, sm_scale, sm_scale * math.log2(math.e))
-        options = dict(HEAD_DIM=D, DESCRIBED=_described(q, k, v, do), EXACT=q.dtype == torch.float32,
-                       UPCAST=INTERPRET, **_contraction(q.dtype))
-        _dkdv(_grid(B, H, S, "BLOCK_N"), q, k, v, do, row_max, row_log_sum, delta, dk, dv, *common, **options)
-        _dq(_grid(B, H, S, "BLOCK_M"), q, k, v, do, row_max, row_log_sum, delta, dq, *common, **options)
+        _dkdv(
+            _grid(B, H, S, "BLOCK_N"),
+            q, k, v, do, row_max, row_log_sum, delta, dk, dv, *common,
+            HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET, **_contraction(q.dtype),
+        )
+        _dq(
+            _grid(B, H, S, "BLOCK_M"),
+            q, k, v, do, row_max, row_log_sum, delta, dq, *common,
+            HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET, **_contraction(q.dtype),
+        )
         return dq, dk, dv
 
 
