@@ -1,5 +1,5 @@
-"""The block gate's host work: the capture hashed as it is written and read, the upstream gradient drawn in
-chunks on threads, the ULP artifacts rendered on a thread of their own."""
+"""The block gate's host work: the capture written and hashed on a thread (a cached one mapped, hashed on a
+thread), the upstream gradient drawn in chunks on threads, the ULP artifacts rendered on a thread of their own."""
 
 import json
 from types import SimpleNamespace

@@ -105,7 +105,7 @@ def test_a_full_disk_leaves_nothing_half_written(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bounds.json"], "no temporary file left behind"
 
 
-def test_a_capture_that_does_not_match_its_digest_is_refused(tiny, tiny_contract, tmp_path):
+def test_a_capture_that_does_not_match_its_digest_or_is_unreadable_is_refused(tiny, tiny_contract, tmp_path):
     block_gate.capture(tiny, tiny_contract, "cpu", 0, tmp_path)[1].result()
     path = block_gate.capture_path(tmp_path, tiny, 0)
     data = bytearray(path.read_bytes())
@@ -114,6 +114,9 @@ def test_a_capture_that_does_not_match_its_digest_is_refused(tiny, tiny_contract
     _, digest = block_gate.capture(tiny, tiny_contract, "cpu", 0, tmp_path)
     with pytest.raises(FileFormatError, match=r"block0.safetensors: capture does not match its sidecar"):
         digest.result()
+    path.write_bytes(b"not safetensors")
+    with pytest.raises(FileFormatError, match=r"block0.safetensors: capture is not a readable safetensors file"):
+        block_gate.capture(tiny, tiny_contract, "cpu", 0, tmp_path)
 
 
 class _Broken(Candidate):

@@ -60,17 +60,18 @@ def capture(model: Model, contract: ModelContract, device: str, block: int, out_
     """(inputs of ``block`` in a provider forward at the contract, future of the capture file's sha256); cached
     on disk. The file (0.8 GB at release size) is hashed, and a new one written, on a host thread while the
     caller's golden replay runs on the device: the future's ``result()`` gives the digest, or raises
-    :class:`FileFormatError` for a file that does not match its sidecar."""
-    from safetensors.torch import load, save
+    :class:`FileFormatError` for a file that does not match its sidecar. A cached file is mapped, not read: its
+    tensors are paged in once, as they are moved to the device."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file, save
 
     path = capture_path(out_dir, model, block)
     sidecar = path.with_suffix(".json")
     if path.exists():
         recorded = read_json(sidecar, "capture sidecar")
-        data = path.read_bytes()
 
         def verified() -> str:
-            digest = sha256_bytes(data)
+            digest = sha256_file(path)
             if recorded.get("sha256") != digest or recorded.get("model_identity") != model.identity:
                 raise FileFormatError(
                     path, f"capture does not match its sidecar {sidecar.name} (sha256 {digest[:12]}, recorded "
@@ -78,7 +79,12 @@ def capture(model: Model, contract: ModelContract, device: str, block: int, out_
                 )
             return digest
 
-        return load(data), in_background(verified)
+        try:
+            captured = load_file(path)
+        except SafetensorError as error:
+            raise FileFormatError(path, f"capture is not a readable safetensors file ({error}): delete it and "
+                                  f"{sidecar.name} to capture again") from error
+        return captured, in_background(verified)
     inputs, _ = model_inputs(contract, model.config)
     captured = {}
 
