@@ -228,13 +228,13 @@ def freeze(model, contract, device, block, thresholds, out_dir, variant_names=No
     timings: dict[str, float] = {}
     progress("capture")
     with timed(timings, "capture"):
-        captured, digest = capture(model, contract, device, block, out_dir)
+        captured, hashing = capture(model, contract, device, block, out_dir)
         inputs = replay_inputs(captured, device)
     progress("golden")
     with timed(timings, "golden"):
         golden = provider_replay(model, block, inputs, device, numerics.GOLDEN)
     with timed(timings, "capture"):  # the capture file, written while golden ran
-        digest = digest.result()
+        digest = hashing.result()
     modes = [numerics.PROVIDER] + [numerics.get(n, device) for n in (variant_names or [m.name for m in numerics.variants(device)])]
     errors = {}
     for mode in modes:
@@ -258,13 +258,13 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
     timings: dict[str, float] = {}
     progress("capture")
     with timed(timings, "capture"):
-        captured, digest = capture(model, contract, device, block, out_dir)
+        captured, hashing = capture(model, contract, device, block, out_dir)
         inputs = replay_inputs(captured, device)
     progress("golden")
     with timed(timings, "golden"):
         golden = provider_replay(model, block, inputs, device, numerics.GOLDEN)
     with timed(timings, "capture"):  # the capture file, hashed while golden ran
-        digest = digest.result()
+        digest = hashing.result()
     if digest != frozen.provenance.get("capture_sha256"):
         raise bounds_mod.BoundsError(
             f"the capture of block {block} (sha256 {digest[:12]}) is not the one {frozen.path} was frozen from "
