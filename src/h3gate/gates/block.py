@@ -220,12 +220,9 @@ def _errors(store: TapStore, golden: TapStore) -> dict[str, float]:
 # Freeze and check -------------------------------------------------------------------------------------
 
 
-def freeze(model, contract, device, block, thresholds, out_dir, variant_names=None, force_reason=None, progress=lambda m: None):
-    """Capture, then golden, provider and variants replays; the ensemble bounds of every tap, frozen and locked."""
-    device_class = bounds_mod.device_class(device)
-    path = bounds_mod.bounds_path(thresholds, model.name, device_class, bounds_stem(block))
-    bounds_mod.refuse_overwrite(path, force_reason)
-    timings: dict[str, float] = {}
+def _golden_of_capture(model, contract, device, block, out_dir, timings, progress):
+    """(replay inputs, golden's taps, the capture file's sha256) for freeze and check alike: the capture file is
+    written or hashed on a host thread while golden replays (:func:`capture`)."""
     progress("capture")
     with timed(timings, "capture"):
         captured, hashing = capture(model, contract, device, block, out_dir)
@@ -233,8 +230,18 @@ def freeze(model, contract, device, block, thresholds, out_dir, variant_names=No
     progress("golden")
     with timed(timings, "golden"):
         golden = provider_replay(model, block, inputs, device, numerics.GOLDEN)
-    with timed(timings, "capture"):  # the capture file, written while golden ran
+    with timed(timings, "capture"):
         digest = hashing.result()
+    return inputs, golden, digest
+
+
+def freeze(model, contract, device, block, thresholds, out_dir, variant_names=None, force_reason=None, progress=lambda m: None):
+    """Capture, then golden, provider and variants replays; the ensemble bounds of every tap, frozen and locked."""
+    device_class = bounds_mod.device_class(device)
+    path = bounds_mod.bounds_path(thresholds, model.name, device_class, bounds_stem(block))
+    bounds_mod.refuse_overwrite(path, force_reason)
+    timings: dict[str, float] = {}
+    inputs, golden, digest = _golden_of_capture(model, contract, device, block, out_dir, timings, progress)
     modes = [numerics.PROVIDER] + [numerics.get(n, device) for n in (variant_names or [m.name for m in numerics.variants(device)])]
     errors = {}
     for mode in modes:
@@ -256,15 +263,7 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
     """The candidate's block against frozen bounds, with attribution, self-consistency and the ULP sweep
     (``diagnostics=False`` leaves those three out: the verdict alone, as the power report needs it)."""
     timings: dict[str, float] = {}
-    progress("capture")
-    with timed(timings, "capture"):
-        captured, hashing = capture(model, contract, device, block, out_dir)
-        inputs = replay_inputs(captured, device)
-    progress("golden")
-    with timed(timings, "golden"):
-        golden = provider_replay(model, block, inputs, device, numerics.GOLDEN)
-    with timed(timings, "capture"):  # the capture file, hashed while golden ran
-        digest = hashing.result()
+    inputs, golden, digest = _golden_of_capture(model, contract, device, block, out_dir, timings, progress)
     if digest != frozen.provenance.get("capture_sha256"):
         raise bounds_mod.BoundsError(
             f"the capture of block {block} (sha256 {digest[:12]}) is not the one {frozen.path} was frozen from "
