@@ -31,9 +31,10 @@ reductions (gradients within 4.9e-4 of h3_triton's, bitwise repeatable) and 489-
 reductions. Five products can match the provider; the adds cannot be hidden behind them. Triton 3.6 does
 pipeline the reduction (its TTGIR waits for a tile's reduction only before staging the next tile's), but the
 tiling that fits runs one 8-warp program per SM (12.5% occupancy, which ncu puts down to registers and
-shared memory: 209 KB a program), so that wait stalls the SM. Nsight Compute (``ncu/ncu-attention-bwd-fused.csv``, ``--profile``):
-349 ms, L2 at 51% and SM at 31% of peak with int64 adds; 294 ms, 31% and 37% with float32; 196 ms, 6% and 45%
-without dQ: neither L2 nor the SMs are saturated, the program waits. Not adopted.
+shared memory: 209 KB a program), so that wait stalls the SM. Nsight Compute
+(``ncu/ncu-attention-bwd-fused.csv``, ``--profile``): 349 ms, L2 at 51% and SM at 31% of peak with int64
+adds; 294 ms, 31% and 37% with float32; 196 ms, 6% and 45% without dQ: neither L2 nor the SMs are saturated,
+the program waits. Not adopted.
 """
 
 import argparse
@@ -167,7 +168,8 @@ def provider_backward(q, k, v, do):
 def main():
     defaults = "64x128w8s2t,32x128w8s2t,64x128w8s2f,64x128w8s2n"
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--configs", default=defaults, help=f"comma-separated tilings of the variant (default: {defaults})")
+    parser.add_argument("--configs", default=defaults,
+                        help=f"comma-separated tilings of the variant (default: {defaults})")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="release")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--profile", action="store_true", help="run each tiling once, untimed, inside a CUDA "

@@ -50,7 +50,8 @@ def test_background_work_returns_or_raises_what_it_did():
 def test_ulp_artifacts_render_on_a_thread(tmp_path):
     bins = len(block_gate.ULP_BINS) - 1
     sweep = {"bins": [str(b) for b in block_gate.ULP_BINS],
-             "taps": {"out": {"dtype": "bfloat16", "candidate": [3] + [0] * (bins - 1), "provider": [0, 3] + [0] * (bins - 2)}}}
+             "taps": {"out": {"dtype": "bfloat16", "candidate": [3] + [0] * (bins - 1),
+                              "provider": [0, 3] + [0] * (bins - 2)}}}
     paths = block_gate.in_background(block_gate.write_ulp_artifacts, sweep, tmp_path / "block" / "m-block0").result()
     assert json.loads(open(paths["ulp_json"]).read()) == sweep
     assert open(paths["ulp_png"], "rb").read(8) == b"\x89PNG\r\n\x1a\n"

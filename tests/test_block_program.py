@@ -72,7 +72,8 @@ def test_math_attention_goes_in_query_chunks_when_its_scores_would_not_fit(tiny,
     inputs, upstream = model_inputs(tiny_contract, tiny.config)
     calls = []
     dispatch = block_program.dispatch_attention_fn
-    monkeypatch.setattr(block_program, "dispatch_attention_fn", lambda q, *a, **kw: calls.append(q.shape[1]) or dispatch(q, *a, **kw))
+    monkeypatch.setattr(block_program, "dispatch_attention_fn",
+                        lambda q, *a, **kw: calls.append(q.shape[1]) or dispatch(q, *a, **kw))
     with numerics.activate(numerics.GOLDEN):
         handle = install(transformer, PROVIDER_OPS)
         try:

@@ -6,8 +6,8 @@ Names: ``nodes.<module path>`` (a module's output), ``nodes.<module path>.grad``
 appears, or written to a safetensors file per tap when a directory is given, so a 50-block release model
 never holds 50 blocks of activations on the GPU. One block's taps fit beside it, so the block gate keeps them
 on the GPU (``device``) and compares them there: a release block's replay has 19 GB of them in bf16, and
-copying them to host memory and comparing them there took about a minute per replay on an H200. safetensors is the format because it is what diffusers
-checkpoints use and it loads without executing code.
+copying them to host memory and comparing them there took about a minute per replay on an H200. safetensors is
+the format because it is what diffusers checkpoints use and it loads without executing code.
 """
 
 from __future__ import annotations

@@ -49,6 +49,15 @@ def bounds_stem(block: int) -> str:
     return f"block{block}"
 
 
+def in_background(function, *args) -> Future:
+    """``function(*args)`` on a thread of its own; the future's ``result()`` returns or raises what it did."""
+    executor = ThreadPoolExecutor(max_workers=1)
+    try:
+        return executor.submit(function, *args)
+    finally:
+        executor.shutdown(wait=False)  # the thread ends when its one call does
+
+
 # Capture ----------------------------------------------------------------------------------------------
 
 
@@ -387,15 +396,6 @@ def ulp_sweep(candidate: dict, provider: dict) -> dict:
     sweep = {name: {"dtype": dtype, "candidate": counts, "provider": provider[name][1]}
              for name, (dtype, counts) in candidate.items() if name in provider}
     return {"bins": [str(b) for b in ULP_BINS], "taps": sweep}
-
-
-def in_background(function, *args) -> Future:
-    """``function(*args)`` on a thread of its own; the future's ``result()`` returns or raises what it did."""
-    executor = ThreadPoolExecutor(max_workers=1)
-    try:
-        return executor.submit(function, *args)
-    finally:
-        executor.shutdown(wait=False)  # the thread ends when its one call does
 
 
 def write_ulp_artifacts(sweep: dict, stem: Path) -> dict[str, str]:
