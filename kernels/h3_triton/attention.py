@@ -11,8 +11,9 @@ read through tensor descriptors (TMA): 0.94x cuDNN on an H200 at release shape a
 (``benchmarks/results/h200-perf/attention-variants.log``). Full key tiles run unmasked; only the last partial
 tile pays for the mask, which keeps padded keys out of the softmax. Backward recomputes the probabilities from
 those two: a preprocess kernel for delta = rowsum(dO * O), one kernel for dK and dV per key block looping over
-query blocks, one for dQ per query block looping over key blocks. Each output element is written by exactly one
-program, so results are deterministic without atomics. Every dot goes through :func:`h3_triton.interpret.mma`,
+query blocks (warp-specialised for tensors descriptors can read: :func:`_dkdv_described_kernel`), one for dQ per
+query block looping over key blocks. Each output element is written by exactly one program, so results are
+deterministic without atomics. Every dot goes through :func:`h3_triton.interpret.mma`,
 except that float32 scores are summed in float64 (:func:`_scores`).
 """
 
@@ -61,6 +62,8 @@ _DKDV_ROWS = {
     2: ((64, 128, 8, 3), (64, 128, 8, 2), (32, 128, 8, 3), (32, 128, 4, 3), (64, 64, 4, 3)),
     4: ((32, 64, 4, 2),),
 }
+# Warp-specialised: 4 warps a group (Triton splits the loop only then), 2 stages (see the kernel).
+_DKDV_DESCRIBED_ROWS = {2: ((64, 128, 4, 2), (32, 128, 4, 2))}
 _DQ_ROWS = {
     2: ((128, 64, 8, 3), (128, 128, 8, 2), (128, 32, 4, 3), (64, 64, 4, 3), (128, 64, 4, 3)),
     4: ((64, 32, 4, 2),),
@@ -326,6 +329,58 @@ def _dkdv_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV,
 
 
 @triton.jit
+def _dkdv_described_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV,
+                           stride_qb, stride_qs, stride_qh,
+                           stride_kb, stride_ks, stride_kh,
+                           stride_vb, stride_vs, stride_vh,
+                           stride_dob, stride_dos, stride_doh,
+                           stride_gb, stride_gs, stride_gh,
+                           H, S, sm_scale, qk_scale,
+                           HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                           UPCAST: tl.constexpr):
+    """:func:`_dkdv_kernel` for bfloat16 tensors that tensor descriptors can read, warp-specialised on Hopper.
+
+    Every tile comes through a descriptor (keys and values before the loop, queries and dO in it; rows past S
+    load as zeros, whose terms vanish as in :func:`_dkdv_inner`), so Triton's automatic warp specialisation
+    gives the loop a producer warp group issuing the TMA loads and two consumer groups of 4 warps, each owning
+    half of the key block. Same products in the same order as the pointer kernel: on an H200 at release shape
+    its dK and dV are bitwise the pointer kernel's, in 147 ms against 179 (``results/h200-perf/``
+    ``attention-bwd-warp-specialized.log``). Only 2-stage tilings: with 3 stages Triton 3.6's warp-specialised
+    pipeline returned NaNs there. The dQ kernel stays on pointers: Triton 3.6 split its loop only with the
+    per-row terms read through descriptors too, and that kernel stopped at an illegal instruction on the H200.
+    """
+    pid_n = tl.program_id(0)
+    pid_bh = tl.program_id(1)
+    q_src = _head_descriptor(Q + _heads_base(pid_bh, H, stride_qb, stride_qh), S, stride_qs, BLOCK_M, HEAD_DIM)
+    do_src = _head_descriptor(DO + _heads_base(pid_bh, H, stride_dob, stride_doh), S, stride_dos, BLOCK_M, HEAD_DIM)
+    k = _head_descriptor(K + _heads_base(pid_bh, H, stride_kb, stride_kh), S, stride_ks, BLOCK_N,
+                         HEAD_DIM).load([pid_n * BLOCK_N, 0])
+    v = _head_descriptor(V + _heads_base(pid_bh, H, stride_vb, stride_vh), S, stride_vs, BLOCK_N,
+                         HEAD_DIM).load([pid_n * BLOCK_N, 0])
+    rows_base = pid_bh.to(tl.int64) * S
+    dk = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    dv = tl.zeros([BLOCK_N, HEAD_DIM], dtype=tl.float32)
+    for start_m in tl.range(0, S, BLOCK_M, warp_specialize=True):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        rows = offs_m < S
+        q = q_src.load([start_m, 0])
+        do = do_src.load([start_m, 0])
+        row_max = tl.load(ROW_MAX + rows_base + offs_m, mask=rows, other=0.0)
+        row_log_sum = tl.load(ROW_LOG_SUM + rows_base + offs_m, mask=rows, other=0.0)
+        delta = tl.load(DELTA + rows_base + offs_m, mask=rows, other=0.0)
+        qk_t = _scores(k, tl.trans(q), BLOCK_N, BLOCK_M, UPCAST)
+        p_t = _probabilities(qk_t * qk_scale, row_max, row_log_sum, 1, False)
+        dv = mma(to_dtype(p_t, do.dtype, UPCAST), do, dv, UPCAST)
+        dp_t = _scores(v, tl.trans(do), BLOCK_N, BLOCK_M, UPCAST)
+        dk = mma(to_dtype(p_t * (dp_t - delta[None, :]), q.dtype, UPCAST), q, dk, UPCAST)
+    grads = _heads_base(pid_bh, H, stride_gb, stride_gh)
+    _head_descriptor(DK + grads, S, stride_gs, BLOCK_N, HEAD_DIM).store(
+        [pid_n * BLOCK_N, 0], to_dtype(dk * sm_scale, DK.dtype.element_ty, UPCAST))
+    _head_descriptor(DV + grads, S, stride_gs, BLOCK_N, HEAD_DIM).store(
+        [pid_n * BLOCK_N, 0], to_dtype(dv, DV.dtype.element_ty, UPCAST))
+
+
+@triton.jit
 def _dq_inner(dq, q, do, row_max, row_log_sum, delta, k_ptr, v_ptr, stride_ks, stride_vs, start, stop, S, qk_scale,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
               MASK_KEYS: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):
@@ -385,6 +440,7 @@ def _dq_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DQ,
 _fwd = _launcher(_fwd_kernel, ("BLOCK_M", "BLOCK_N"), _FWD_ROWS)
 _delta = _launcher(_delta_kernel, ("BLOCK_M",), _DELTA_ROWS)
 _dkdv = _launcher(_dkdv_kernel, ("BLOCK_M", "BLOCK_N"), _DKDV_ROWS)
+_dkdv_described = _launcher(_dkdv_described_kernel, ("BLOCK_M", "BLOCK_N"), _DKDV_DESCRIBED_ROWS)
 _dq = _launcher(_dq_kernel, ("BLOCK_M", "BLOCK_N"), _DQ_ROWS)
 
 
@@ -468,11 +524,18 @@ class _FlashAttention(torch.autograd.Function):
         dv = torch.empty_like(dq)
         common = (*_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(do),
                   *_outer_strides(dq), H, S, sm_scale, sm_scale * math.log2(math.e))
-        _dkdv(
-            _grid(B, H, S, "BLOCK_N"),
-            q, k, v, do, row_max, row_log_sum, delta, dk, dv, *common,
-            HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET, **_contraction(q.dtype),
-        )
+        if q.dtype == torch.bfloat16 and all(aligned(t, _outer_strides(t)) for t in (q, k, v, do, dk)):
+            set_scratch_allocator()
+            _dkdv_described(
+                _grid(B, H, S, "BLOCK_N"),
+                q, k, v, do, row_max, row_log_sum, delta, dk, dv, *common, HEAD_DIM=D, UPCAST=INTERPRET,
+            )
+        else:
+            _dkdv(
+                _grid(B, H, S, "BLOCK_N"),
+                q, k, v, do, row_max, row_log_sum, delta, dk, dv, *common,
+                HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET, **_contraction(q.dtype),
+            )
         _dq(
             _grid(B, H, S, "BLOCK_M"),
             q, k, v, do, row_max, row_log_sum, delta, dq, *common,

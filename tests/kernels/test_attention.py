@@ -137,18 +137,23 @@ def test_deterministic_and_layout_independent(dtype):
         assert torch.equal(a, c), f"{name}: strided and contiguous inputs differ"
 
 
-def test_descriptor_and_pointer_forwards_agree(monkeypatch):
-    """bfloat16 heads on 16-byte boundaries are read through tensor descriptors (TMA), others through pointers:
-    each path is the one taken, and the two give the same bits."""
+def test_descriptor_and_pointer_paths_agree(monkeypatch):
+    """bfloat16 heads on 16-byte boundaries are read through tensor descriptors (TMA: the forward, and the
+    warp-specialised dK/dV kernel), others through pointers: each path is the one taken, and the two give the
+    same bits."""
     taken = []
-    launcher = attention_module._fwd
-    monkeypatch.setattr(attention_module, "_fwd", lambda grid, *args, **meta: taken.append(meta["DESCRIBED"])
-                        or launcher(grid, *args, **meta))
+    forward, described_dkdv, pointer_dkdv = attention_module._fwd, attention_module._dkdv_described, attention_module._dkdv
+    monkeypatch.setattr(attention_module, "_fwd", lambda grid, *args, **meta: taken.append(
+        ("forward", meta["DESCRIBED"])) or forward(grid, *args, **meta))
+    monkeypatch.setattr(attention_module, "_dkdv_described", lambda *args, **meta: taken.append(
+        ("dkdv", True)) or described_dkdv(*args, **meta))
+    monkeypatch.setattr(attention_module, "_dkdv", lambda *args, **meta: taken.append(
+        ("dkdv", False)) or pointer_dkdv(*args, **meta))
     q, k, v, dout = inputs((2, 45, 2, 64), torch.bfloat16)
     described = run(attention, q, k, v, dout)
     off_boundary = torch.full((2, 45, 2, 65), float("nan"), dtype=torch.bfloat16, device=DEVICE)[..., :64]
     pointed = run(attention, q, off_boundary.copy_(k), v, dout)
-    assert taken == [True, False]
+    assert taken == [("forward", True), ("dkdv", True), ("forward", False), ("dkdv", False)]
     for name, a, b in zip(NAMES, described, pointed):
         assert torch.equal(a, b), f"{name}: descriptor and pointer paths differ"
 
@@ -200,6 +205,8 @@ for size, element in ((2, "*bf16"), (4, "*fp32")):
     first_tiling(A._delta_kernel, A._DELTA_ROWS[size], ("BLOCK_M",), tensors)
     first_tiling(A._dkdv_kernel, A._DKDV_ROWS[size], ("BLOCK_M", "BLOCK_N"), tensors)
     first_tiling(A._dq_kernel, A._DQ_ROWS[size], ("BLOCK_M", "BLOCK_N"), tensors)
+    if size in A._DKDV_DESCRIBED_ROWS:
+        first_tiling(A._dkdv_described_kernel, A._DKDV_DESCRIBED_ROWS[size], ("BLOCK_M", "BLOCK_N"), tensors)
 """
 
 
