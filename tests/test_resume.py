@@ -2,6 +2,7 @@
 subprocesses that are killed, preempted and raced (the promise: a resumed generation is byte for byte the
 uninterrupted one, and the store is never corrupted)."""
 
+import hashlib
 import json
 import os
 import random
@@ -214,6 +215,21 @@ def test_the_call_count_and_hooks_are_enforced(tmp_path):
         with pytest.raises(resume.ResumeError, match="forward hooks"):
             with run.intercept(module):
                 pass
+
+
+@pytest.mark.parametrize("tensor, digest", [
+    (torch.arange(12, dtype=torch.float32).reshape(3, 4).t(),
+     "6ee3a81d2040027ef250f22cab06ab212f9ca840e930e8299935b1a35c483d48"),
+    (torch.linspace(-1, 1, 5).to(torch.bfloat16), "1cf4e9111a086bf7e305b0a92bbc1c69f56eea9bc2f599f8235f2e799411234e"),
+    (torch.tensor(7), "f35a8986077acb892549ebbccefb82b8d980272aaca7a5f8f3a4ee6d8bca02f6"),
+    (torch.zeros(0, 2, dtype=torch.bool), "9c32832a8a96a488fd0098cd79917cba4b5db7f75c7aff3767cb1c8dee2c1244"),
+], ids=["float32-transposed", "bfloat16", "int64-scalar", "bool-empty"])
+def test_input_digests_stay_those_saved_folders_hold(tensor, digest):
+    """Digests recorded by earlier versions: a change here would make every saved run refuse to resume."""
+    header = f"{tensor.dtype}|{tuple(tensor.shape)}|".encode()
+    assert resume.tensor_sha256(tensor) == digest
+    data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+    assert digest == hashlib.sha256(header + data).hexdigest()
 
 
 # The embedded pipeline in subprocesses ----------------------------------------------------------------
