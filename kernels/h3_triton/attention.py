@@ -279,13 +279,21 @@ def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, max_ptr, log_sum_ptr, delta_ptr, st
             row_max = tl.load(max_ptr + offs_m)
             row_log_sum = tl.load(log_sum_ptr + offs_m)
             delta = tl.load(delta_ptr + offs_m)
-        qk_t = _scores(k, tl.trans(q), BLOCK_N, BLOCK_M, UPCAST)
-        p_t = _probabilities(qk_t * qk_scale, row_max, row_log_sum, 1, EXACT)
-        dv = mma(to_dtype(p_t, do.dtype, UPCAST), do, dv, UPCAST)
-        dp_t = _scores(v, tl.trans(do), BLOCK_N, BLOCK_M, UPCAST)
-        ds_t = p_t * (dp_t - delta[None, :])
-        dk = mma(to_dtype(ds_t, q.dtype, UPCAST), q, dk, UPCAST)
+        dk, dv = _dkdv_step(dk, dv, k, v, q, do, row_max, row_log_sum, delta, qk_scale, BLOCK_M, BLOCK_N, EXACT,
+                            UPCAST)
     return dk, dv
+
+
+@triton.jit
+def _dkdv_step(dk, dv, k, v, q, do, row_max, row_log_sum, delta, qk_scale,
+               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):
+    """One query tile's share of dK (unscaled) and dV, transposed (keys x queries): P^T dO and dS^T Q."""
+    qk_t = _scores(k, tl.trans(q), BLOCK_N, BLOCK_M, UPCAST)
+    p_t = _probabilities(qk_t * qk_scale, row_max, row_log_sum, 1, EXACT)
+    dv = mma(to_dtype(p_t, do.dtype, UPCAST), do, dv, UPCAST)
+    dp_t = _scores(v, tl.trans(do), BLOCK_N, BLOCK_M, UPCAST)
+    ds_t = p_t * (dp_t - delta[None, :])
+    return mma(to_dtype(ds_t, q.dtype, UPCAST), q, dk, UPCAST), dv
 
 
 @triton.jit
@@ -368,11 +376,8 @@ def _dkdv_described_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV,
         row_max = tl.load(ROW_MAX + rows_base + offs_m, mask=rows, other=0.0)
         row_log_sum = tl.load(ROW_LOG_SUM + rows_base + offs_m, mask=rows, other=0.0)
         delta = tl.load(DELTA + rows_base + offs_m, mask=rows, other=0.0)
-        qk_t = _scores(k, tl.trans(q), BLOCK_N, BLOCK_M, UPCAST)
-        p_t = _probabilities(qk_t * qk_scale, row_max, row_log_sum, 1, False)
-        dv = mma(to_dtype(p_t, do.dtype, UPCAST), do, dv, UPCAST)
-        dp_t = _scores(v, tl.trans(do), BLOCK_N, BLOCK_M, UPCAST)
-        dk = mma(to_dtype(p_t * (dp_t - delta[None, :]), q.dtype, UPCAST), q, dk, UPCAST)
+        dk, dv = _dkdv_step(dk, dv, k, v, q, do, row_max, row_log_sum, delta, qk_scale, BLOCK_M, BLOCK_N, False,
+                            UPCAST)
     grads = _heads_base(pid_bh, H, stride_gb, stride_gh)
     _head_descriptor(DK + grads, S, stride_gs, BLOCK_N, HEAD_DIM).store(
         [pid_n * BLOCK_N, 0], to_dtype(dk * sm_scale, DK.dtype.element_ty, UPCAST))
