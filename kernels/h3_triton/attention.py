@@ -11,7 +11,7 @@ read through tensor descriptors (TMA): 0.94x cuDNN on an H200 at release shape a
 (``benchmarks/results/h200-perf/attention-variants.log``). Full key tiles run unmasked; only the last partial
 tile pays for the mask, which keeps padded keys out of the softmax. Backward recomputes the probabilities from
 those two: a preprocess kernel for delta = rowsum(dO * O), one kernel for dK and dV per key block looping over
-query blocks (warp-specialised for tensors descriptors can read: :func:`_dkdv_described_kernel`), one for dQ per
+query blocks (warp-specialised for tensors that descriptors can read: :func:`_dkdv_described_kernel`), one for dQ per
 query block looping over key blocks. Each output element is written by exactly one program, so results are
 deterministic without atomics. Every dot goes through :func:`h3_triton.interpret.mma`,
 except that float32 scores are summed in float64 (:func:`_scores`).

@@ -142,7 +142,8 @@ def test_descriptor_and_pointer_paths_agree(monkeypatch):
     warp-specialised dK/dV kernel), others through pointers: each path is the one taken, and the two give the
     same bits."""
     taken = []
-    forward, described_dkdv, pointer_dkdv = attention_module._fwd, attention_module._dkdv_described, attention_module._dkdv
+    forward, described_dkdv = attention_module._fwd, attention_module._dkdv_described
+    pointer_dkdv = attention_module._dkdv
     monkeypatch.setattr(attention_module, "_fwd", lambda grid, *args, **meta: taken.append(
         ("forward", meta["DESCRIBED"])) or forward(grid, *args, **meta))
     monkeypatch.setattr(attention_module, "_dkdv_described", lambda *args, **meta: taken.append(
