@@ -156,11 +156,11 @@ def with_run(folder: Path, module: StandIn, inputs: dict, steps: int, desc: str)
     return {"walls": walls, "seconds": end - start, "finish_s": end - flush}
 
 
-def store_throughput(folder: Path, inputs: dict, outputs: tuple, device: str, steps: int) -> dict:
+def store_throughput(folder: Path, inputs: dict, outputs: tuple, device: str, steps: int, step_bytes: int) -> dict:
     """Phase 2: the store's own rate, with steps that take no time (the inputs hashed, the outputs copied, each step
-    serialised, hashed and written)."""
+    serialised, hashed and written); ``step_bytes`` is one step file's size (:func:`step_file_bytes`)."""
     result = with_run(folder, StandIn(outputs, device), fresh(inputs), steps, "store")
-    nbytes = steps * step_file_bytes(outputs)
+    nbytes = steps * step_bytes
     seconds = result["seconds"]
     return {"folder": str(folder), "steps": steps, "bytes": nbytes, "seconds": seconds, "finish_s": result["finish_s"],
             "steps_s": steps / seconds, "mb_s": nbytes / MB / seconds}
@@ -173,7 +173,7 @@ def throughput(folder: Path, inputs: dict, outputs: tuple, device: str, steps: i
     disk, store = [], []
     for round_ in range(rounds):
         disk.append(disk_speed(folder / "disk", nbytes, steps))
-        store.append(store_throughput(folder / f"store-{round_}", inputs, outputs, device, steps))
+        store.append(store_throughput(folder / f"store-{round_}", inputs, outputs, device, steps, nbytes))
         shutil.rmtree(folder / f"store-{round_}")
     return {
         "disk": disk, "store": store, "disk_mb_s": statistics.median(d["mb_s"] for d in disk),

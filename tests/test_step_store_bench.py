@@ -35,7 +35,8 @@ def test_outputs_are_shaped_as_the_transformer_returns_them(tiny_io):
 
 def test_every_step_file_lands_with_the_bytes_reported(step_store, tiny_io, tmp_path):
     inputs, outputs = tiny_io
-    result = step_store.store_throughput(tmp_path / "store", inputs, outputs, "cpu", steps=3)
+    result = step_store.store_throughput(tmp_path / "store", inputs, outputs, "cpu", steps=3,
+                                         step_bytes=step_store.step_file_bytes(outputs))
     sidecars = sorted((tmp_path / "store").glob("step-*.json"))
     assert [path.name for path in sidecars] == ["step-0000.json", "step-0001.json", "step-0002.json"]
     for path in sidecars:

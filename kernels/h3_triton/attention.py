@@ -486,6 +486,12 @@ def _contraction(dtype: torch.dtype) -> dict:
     return {"enable_fp_fusion": False} if dtype == torch.float32 else {}
 
 
+def _described(*tensors: torch.Tensor) -> bool:
+    """Whether the kernels read these (B, S, H, D) tensors through tensor descriptors: bfloat16 with every head on
+    a 16-byte boundary (any contiguous layout); float32 and other layouts take the pointer kernels."""
+    return tensors[0].dtype == torch.bfloat16 and all(aligned(t, _outer_strides(t)) for t in tensors)
+
+
 def _grid(B: int, H: int, S: int, block: str):
     return lambda meta: (triton.cdiv(S, meta[block]), B * H)
 
@@ -498,7 +504,7 @@ class _FlashAttention(torch.autograd.Function):
         o = torch.empty((B, S, H, D), dtype=q.dtype, device=q.device)
         row_max = torch.empty((B * H, S), dtype=torch.float32, device=q.device)
         row_log_sum = torch.empty_like(row_max)
-        described = q.dtype == torch.bfloat16 and all(aligned(t, _outer_strides(t)) for t in (q, k, v, o))
+        described = _described(q, k, v, o)
         if described:
             set_scratch_allocator()
         _fwd(
@@ -529,7 +535,7 @@ class _FlashAttention(torch.autograd.Function):
         dv = torch.empty_like(dq)
         common = (*_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(do),
                   *_outer_strides(dq), H, S, sm_scale, sm_scale * math.log2(math.e))
-        if q.dtype == torch.bfloat16 and all(aligned(t, _outer_strides(t)) for t in (q, k, v, do, dk)):
+        if _described(q, k, v, do, dk):
             set_scratch_allocator()
             _dkdv_described(
                 _grid(B, H, S, "BLOCK_N"),
