@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -230,6 +231,48 @@ def test_input_digests_stay_those_saved_folders_hold(tensor, digest):
     assert resume.tensor_sha256(tensor) == digest
     data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
     assert digest == hashlib.sha256(header + data).hexdigest()
+
+
+def test_computed_calls_are_hashed_in_the_background_as_they_were_called(tmp_path, monkeypatch):
+    """From the second call on, a computed call returns before its inputs are hashed (the device does not wait
+    for sha256), and the digests recorded are those of the inputs at the call, though the loop changes them in
+    place before they are hashed."""
+    hold, release, waits = threading.Event(), threading.Event(), []
+    hashed = resume.tensor_sha256
+
+    def held(tensor):
+        if hold.is_set():
+            waits.append(release.wait(timeout=20))  # False: the main thread waited for this hash
+        return hashed(tensor)
+
+    monkeypatch.setattr(resume, "tensor_sha256", held)
+    module, x, at_call = Toy(), torch.randn(3, 4, generator=torch.Generator().manual_seed(0)), []
+    with resume.Run(tmp_path, IDENTITY, 3) as run:
+        with run.intercept(module):
+            for call, t in enumerate([1.0, 0.5, 0.25]):
+                if call == 1:
+                    hold.set()
+                at_call.append(hashed(x))
+                velocity, _ = module(hidden_states=x, timestep=torch.tensor(t), return_dict=False)
+                x.sub_(0.1 * velocity)
+        release.set()
+        run.finish({})
+    assert waits and all(waits)
+    recorded = [json.loads(path.read_text())["inputs"]["hidden_states"] for path in sidecars(tmp_path)]
+    assert recorded == at_call and len(set(at_call)) == 3
+
+
+def test_a_failed_hash_stops_the_run(tmp_path, monkeypatch):
+    def broken(tensor):
+        raise MemoryError("cannot hash")
+
+    module = Toy()
+    with pytest.raises(resume.ResumeError, match="cannot hash"):
+        with resume.Run(tmp_path, IDENTITY, CALLS) as run, run.intercept(module):
+            toy_loop(module, schedule=[1.0])  # the first call hashes before it computes, not in the background
+            monkeypatch.setattr(resume, "tensor_sha256", broken)
+            toy_loop(module, schedule=[1.0] * 2)
+    assert [path.name for path in sidecars(tmp_path)] == ["step-0000.json"], "no step without its digests"
 
 
 # The embedded pipeline in subprocesses ----------------------------------------------------------------
