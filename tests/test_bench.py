@@ -1,5 +1,6 @@
 """h3gate bench: every section runs and reports ratios; the release path builds on the meta device."""
 
+import pytest
 import torch
 
 from h3gate import bench
@@ -26,3 +27,16 @@ def test_release_path_builds_on_meta(monkeypatch):
     hidden, temb, indices, rotary = bench._block_inputs(transformer, bench._contract_inputs("release", config, "cpu"))
     assert hidden.shape == (1, 5 + 18 + 7 * 6, 64) and hidden.dtype == torch.bfloat16
     assert transformer.proj_out.weight.dtype == torch.float32 and torch.isfinite(hidden).all()
+
+
+def test_output_gradients_are_seeded_and_named():
+    out = torch.zeros(3, 5, dtype=torch.bfloat16)
+    random = bench.output_grad(out, "random")
+    assert random.dtype == torch.bfloat16 and random.shape == out.shape and random.std() > 0.5
+    assert torch.equal(random, bench.output_grad(out, "random")), "seeded: candidate and provider get the same one"
+    assert torch.equal(bench.output_grad(out, "ones"), torch.ones_like(out))
+    report = bench.run(ProviderCandidate(), "small", "cpu", ops=["swiglu"], block=False, progress=lambda m: None,
+                       grad_kind="ones")
+    assert report["output_grad"] == "ones"
+    with pytest.raises(ValueError, match="'zeros' is not one of"):
+        bench.run(ProviderCandidate(), "small", "cpu", ops=["swiglu"], block=False, grad_kind="zeros")

@@ -8,6 +8,10 @@ under Triton's interpreter and the numbers only show that the command works.
 
 Shapes: ``release`` is MiniMax-H3 at 124 frames 1344x768 (sequence 38,222; 56 heads x 128; hidden 5376; ffn
 14336; bf16; random weights of the release config); ``small`` is the embedded benchmark preset.
+
+Backward passes start from an output gradient (``output_grad``): ``random`` (seeded normal, the default) or
+``ones``. A constant gradient is a degenerate operand: a GEMM fed one runs cooler, so a power-limited kernel
+clocks higher than it does on a real gradient.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ RELEASE = dict(seq=38222, heads=56, head_dim=128, hidden=5376, ffn=14336, time_e
 SMALL = dict(seq=467, heads=4, head_dim=64, hidden=256, ffn=512, time_embed=128, rotary=48, table_rows=9)
 SHAPES = {"release": RELEASE, "small": SMALL}
 SDPA_VARIANTS = {"cudnn": "CUDNN_ATTENTION", "flash": "FLASH_ATTENTION", "efficient": "EFFICIENT_ATTENTION"}
+OUTPUT_GRADS = ("random", "ones")
 
 
 @dataclass
@@ -158,10 +163,20 @@ def median_ms(fn, device: str, repeats: int = 5) -> float:
     return statistics.median(samples)
 
 
-def _forward_backward(fn, inputs: dict):
+def output_grad(out: torch.Tensor, kind: str) -> torch.Tensor:
+    """The gradient a backward starts from, shaped like ``out``: ``random`` (normal, seed 0) or ``ones``."""
+    if kind == "ones":
+        return torch.ones_like(out)
+    if kind == "random":
+        generator = torch.Generator(device=out.device).manual_seed(0)
+        return torch.randn(out.shape, generator=generator, device=out.device, dtype=torch.float32).to(out.dtype)
+    raise ValueError(f"output gradient {kind!r} is not one of {OUTPUT_GRADS}")
+
+
+def _forward_backward(fn, inputs: dict, grad_kind: str):
     leaves = {k: (v.detach().requires_grad_(True) if isinstance(v, torch.Tensor) and v.is_floating_point() and k not in ("cos", "sin") else v) for k, v in inputs.items()}
     out = fn(**leaves)
-    grad = torch.ones_like(out)
+    grad = output_grad(out, grad_kind)
 
     def step():
         for value in leaves.values():
@@ -200,7 +215,7 @@ def _rate(work: float, ms: float, unit: str) -> float:
     return work / ms / (1e9 if unit == "flop" else 1e6)  # TFLOP/s or GB/s
 
 
-def bench_ops(candidate, shape: str, device: str, ops=None, progress=print) -> list[dict]:
+def bench_ops(candidate, shape: str, device: str, ops=None, progress=print, grad_kind: str = "random") -> list[dict]:
     """Per op: forward and forward+backward times of candidate and provider, ratios, rates."""
     kernel_ops = candidate.kernel_ops()
     rows = []
@@ -216,13 +231,13 @@ def bench_ops(candidate, shape: str, device: str, ops=None, progress=print) -> l
         work_fwd, work_bwd = case.work
         with torch.no_grad():
             row["candidate_fwd_ms"] = median_ms(lambda inputs=inputs: kernel_ops[case.op](**inputs), device)
-        row["candidate_fwd_bwd_ms"] = median_ms(_forward_backward(kernel_ops[case.op], inputs), device)
+        row["candidate_fwd_bwd_ms"] = median_ms(_forward_backward(kernel_ops[case.op], inputs, grad_kind), device)
         for variant in variants:
             name = "provider" if variant is None else f"provider_{variant}"
             with _sdpa(variant):
                 with torch.no_grad():
                     row[f"{name}_fwd_ms"] = median_ms(lambda inputs=inputs: provider(**inputs), device)
-                row[f"{name}_fwd_bwd_ms"] = median_ms(_forward_backward(provider, inputs), device)
+                row[f"{name}_fwd_bwd_ms"] = median_ms(_forward_backward(provider, inputs, grad_kind), device)
         row["ratio_fwd"] = row["provider_fwd_ms"] / row["candidate_fwd_ms"]
         row["ratio_fwd_bwd"] = row["provider_fwd_bwd_ms"] / row["candidate_fwd_bwd_ms"]
         row["candidate_fwd_rate"] = _rate(work_fwd, row["candidate_fwd_ms"], unit)
@@ -328,7 +343,7 @@ def _peak_mib(fn, device: str) -> float | None:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def bench_block(candidate, shape: str, device: str, progress=print) -> dict:
+def bench_block(candidate, shape: str, device: str, progress=print, grad_kind: str = "random") -> dict:
     """Block 0 forward and forward+backward at the contract input: candidate, provider, provider with flash SDPA."""
     from diffusers.models.attention_dispatch import attention_backend
 
@@ -340,9 +355,11 @@ def bench_block(candidate, shape: str, device: str, progress=print) -> dict:
         with torch.no_grad():
             block(hidden, temb, indices, rotary)
 
+    grad = output_grad(hidden, grad_kind)
+
     def forward_backward():
         leaf = hidden.detach().requires_grad_(True)
-        block(leaf, temb, indices, rotary).backward(torch.ones_like(leaf))
+        block(leaf, temb, indices, rotary).backward(grad)
 
     result = {"seq": hidden.shape[1]}
     for name, backend in (("provider", None), ("provider_flash", "_native_flash")):
@@ -387,13 +404,16 @@ def machine() -> dict:
 
 
 def run(candidate, shape: str, device: str, ops=None, block=True, step_layers: int | None = None, progress=print,
-        on_section=lambda report: None) -> dict:
+        on_section=lambda report: None, grad_kind: str = "random") -> dict:
     """Every section in turn; ``on_section`` sees the report after each, so a later failure loses nothing."""
-    report = {"shape": shape, "device": device, "machine": machine(), "ceilings": ceilings(device), "candidate": candidate.identity()}
-    report["ops"] = bench_ops(candidate, shape, device, ops, progress)
+    if grad_kind not in OUTPUT_GRADS:
+        raise ValueError(f"output gradient {grad_kind!r} is not one of {OUTPUT_GRADS}")
+    report = {"shape": shape, "device": device, "machine": machine(), "ceilings": ceilings(device),
+              "candidate": candidate.identity(), "output_grad": grad_kind}
+    report["ops"] = bench_ops(candidate, shape, device, ops, progress, grad_kind)
     on_section(report)
     if block:
-        report["block"] = bench_block(candidate, shape, device, progress)
+        report["block"] = bench_block(candidate, shape, device, progress, grad_kind)
         on_section(report)
     if step_layers:
         report["step"] = bench_step(candidate, shape, device, step_layers, progress)

@@ -183,6 +183,7 @@ def _bench(args) -> int:
         step_layers=args.step_layers or None,
         progress=lambda message: print(f"  timing {message}", file=sys.stderr, flush=True),
         on_section=save,
+        grad_kind=args.output_grad,
     )
     return 0
 
@@ -261,6 +262,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--ops", default=None, help="comma-separated ops to time (default: all)")
     bench.add_argument("--no-block", action="store_true", help="skip the one-block benchmark")
     bench.add_argument("--step-layers", type=int, default=0, help="also time one transformer forward with this many blocks (release: 50)")
+    bench.add_argument("--output-grad", choices=("random", "ones"), default="random",
+                       help="the gradient backward passes start from: seeded normal, or all ones (a degenerate operand: "
+                       "GEMMs fed it draw less power and may clock higher)")
     bench.add_argument("-o", "--out", default=None, help="write the JSON report here (e.g. benchmarks/results/h200.json)")
     bench.set_defaults(run=_bench)
 
