@@ -4,14 +4,14 @@ One tiled kernel computes ``C = act(A) @ B (+ bias) (* silu'(Z))`` with float32 
 (swizzled) program order, so programs running together share operand panels in L2. Every product of both functions
 is this kernel with other strides: the forward reads the weight (N, K) as B = W^T, the input gradient is
 dY @ W, the weight gradient is written as dW^T = act(X)^T @ dY (the transpose lives only in the strides), and
-the bias gradient is a column sum of dY (:func:`_column_sum`). ``silu_linear`` fuses
+the bias gradient is ones(1, M) @ dY, a column sum with the same fixed-order reduction. ``silu_linear`` fuses
 the SiLU into the load of A (forward and weight gradient) and its derivative into the epilogue (input
 gradient), so the tiny activation never makes a round trip through memory and the weight is streamed once.
 
 Rows: an input (..., K) is addressed without copies when its leading dimensions collapse to at most two
 strides (``outer``, ``inner``), which covers 2-D and 3-D slices of larger buffers. The reduction over rows of
-the weight gradient loops over outer blocks and then inner rows in a fixed order, the bias gradient's over
-chunks of rows and then the chunks in order; no atomics, so results are bitwise reproducible.
+the weight and bias gradients loops over outer blocks and then inner rows in a fixed order; no atomics, so
+results are bitwise reproducible.
 
 bfloat16 products of large matrices (the block's projections, forward and backward) take a second kernel when
 their layouts allow it, the Hopper recipe: operands read through tensor descriptors (TMA bulk copies into shared
@@ -32,7 +32,6 @@ import triton
 import triton.language as tl
 
 from h3_triton.interpret import INTERPRET, mma, to_dtype
-from h3_triton.rowreduce import split_rows
 from h3_triton.tma import aligned, program_slots, set_scratch_allocator
 from h3_triton.tuning import Launcher, configs
 
@@ -122,27 +121,6 @@ def _gemm_kernel(
         acc = acc * (sig * (1.0 + z * (1.0 - sig)))
     c_ptrs = c_ptr + _row_offsets(rm, M_INNER, s_c_mo, s_c_mi, M_SPLIT)[:, None] + rn.to(tl.int64)[None, :] * s_c_n
     tl.store(c_ptrs, to_dtype(acc, c_ptr.dtype.element_ty, INTERPRETED), mask=in_c)
-
-
-@triton.jit
-def _column_sum_kernel(x_ptr, out_ptr, M, N, M_INNER, s_mo, s_mi, s_n, rows_per_chunk,
-                       M_SPLIT: tl.constexpr, INTERPRETED: tl.constexpr, BLOCK_R: tl.constexpr,
-                       BLOCK_N: tl.constexpr):
-    """Row ``chunk`` of ``out`` (chunks, N), contiguous: the float32 sum of rows [chunk * rows_per_chunk, ...) of
-    x (M, N), BLOCK_R rows at a time in order."""
-    chunk = tl.program_id(0)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    in_n = cols < N
-    start = chunk * rows_per_chunk
-    stop = tl.minimum(start + rows_per_chunk, M)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for first in range(start, stop, BLOCK_R):
-        rows = first + tl.arange(0, BLOCK_R)
-        at = _row_offsets(rows, M_INNER, s_mo, s_mi, M_SPLIT)[:, None] + cols.to(tl.int64)[None, :] * s_n
-        tile = tl.load(x_ptr + at, mask=(rows < stop)[:, None] & in_n[None, :], other=0.0)
-        acc += tl.sum(tile.to(tl.float32), axis=0)
-    out = out_ptr + chunk.to(tl.int64) * N + cols
-    tl.store(out, to_dtype(acc, out_ptr.dtype.element_ty, INTERPRETED), mask=in_n)
 
 
 @triton.jit
@@ -319,32 +297,6 @@ def _described_matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, bia
     return True
 
 
-# The bias gradient's tile: BLOCK_R rows of BLOCK_N columns (16 KB of bfloat16, 4 warps). Fixed, not tuned: the
-# chunks and tiles decide the summation order.
-_SUM_ROWS, _SUM_COLS, _SUM_WARPS = 64, 128, 4
-
-
-def _column_sum(x: _Mat, rows: _Axis, n: int, out: torch.Tensor) -> None:
-    """``out`` (n,) = the column sums of x (rows, n), rounded once to out's dtype.
-
-    A GEMM against a ones row would leave one program per column block looping over every row (38,222 at
-    release, 600 dependent steps: 1 ms where reading dY takes 0.1). Instead, chunks of rows are summed in
-    parallel into float32 partials, as the row kernels' weight gradients are (:func:`h3_triton.rowreduce.
-    split_rows`, so the chunking depends only on the shape and the device), and the partials are summed by the
-    same kernel, one chunk, in order."""
-    column_blocks = triton.cdiv(n, _SUM_COLS)
-    chunks, rows_per_chunk = split_rows(rows.count, _SUM_ROWS, out.device, share=column_blocks)
-    chunks = max(chunks, 1)  # no rows: one chunk writes the zeros
-    partial = out if chunks == 1 else torch.empty((chunks, n), dtype=torch.float32, device=out.device)
-    _column_sum_kernel[(chunks, column_blocks)](
-        x.t, partial, rows.count, n, rows.inner, *x.rows, x.cols[1], rows_per_chunk,
-        M_SPLIT=rows.inner != rows.count, INTERPRETED=INTERPRET, BLOCK_R=_SUM_ROWS, BLOCK_N=_SUM_COLS,
-        num_warps=_SUM_WARPS,
-    )
-    if chunks > 1:
-        _column_sum(_Mat(partial, (0, n), (0, 1)), _Axis.flat(chunks), n, out)
-
-
 def _matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, *, bias: torch.Tensor | None = None,
             z: _Mat | None = None, a_silu: bool = False) -> None:
     """``c = act(a) @ b (+ bias) (* silu'(z))`` for a (m, k) @ (k, n); ``z`` is laid out like ``c``."""
@@ -400,8 +352,9 @@ class _Linear(torch.autograd.Function):
             _matmul(xm.T, dym, _Mat.of_weight(dweight).T, _Axis.flat(K), N, rows, a_silu=ctx.silu)
         if ctx.needs_input_grad[2]:
             dbias = torch.empty((N,), dtype=weight.dtype, device=dy.device)
+            ones = torch.ones((1,), dtype=dy.dtype, device=dy.device)
             rows, (dym,) = _row_split(dy)
-            _column_sum(dym, rows, N, dbias)
+            _matmul(_Mat(ones, (0, 0), (0, 0)), dym, _Mat(dbias, (0, 0), (0, 1)), _Axis.flat(1), N, rows)
         return dx, dweight, dbias, None
 
 

@@ -64,9 +64,8 @@ def full_row_tiling(width: int, name: str) -> RowTiling:
     return RowTiling(rows=rows, width=padded, warps=warps_for(rows * padded))
 
 
-def split_rows(rows: int, tile_rows: int, device: torch.device, share: int = 1) -> tuple[int, int]:
+def split_rows(rows: int, tile_rows: int, device: torch.device) -> tuple[int, int]:
     """``(programs, rows_per_program)`` for a reducing kernel; rows_per_program is a multiple of ``tile_rows``.
-    ``share``: programs run side by side per row range (column blocks), so the target count is divided by it.
 
     A function of the shape and the device only, never of tuning, so the summation order is reproducible.
     """
@@ -74,7 +73,6 @@ def split_rows(rows: int, tile_rows: int, device: torch.device, share: int = 1) 
         target = _INTERPRET_PROGRAMS
     else:
         target = _PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-    target = max(1, target // share)
     tiles = max(1, triton.cdiv(rows, tile_rows))
     rows_per_program = triton.cdiv(tiles, min(target, tiles)) * tile_rows
     return triton.cdiv(rows, rows_per_program), rows_per_program
