@@ -23,10 +23,11 @@ Rules:
 - Every file is written atomically (temp, fsync, rename: :func:`h3gate.files.write_atomic`) by a background
   thread, so the next call is not stalled by the disk; pending writes are flushed before the run ends, also on
   error. A killed process leaves complete steps or none.
-- Hashing runs on a few background threads (hashlib releases the GIL on large buffers, so they hash in
-  parallel). A computed call's inputs are copied to host memory and hashed there while the transformer runs:
-  the device waits only for that copy, not for sha256 of every input (26 MB at release size). The first call
-  and replayed calls hash before going on, since their digests decide whether the run may continue.
+- Hashing and serialising run on a few background threads (hashlib releases the GIL on large buffers, so they
+  hash in parallel), the writing on one more. A computed call's inputs are copied to host memory and hashed
+  there while the transformer runs: the device waits only for that copy, not for sha256 of every input (26 MB
+  at release size). The first call and replayed calls hash before going on, since their digests decide whether
+  the run may continue.
 - On open every step file and artifact is checked against its recorded sha256; a damaged one is named.
 - SIGTERM and SIGINT (handled in the main thread, the only one Python delivers signals to) let the current call
   finish and its step file land; then :class:`Preempted` (a KeyboardInterrupt) says "preempted at step k/N; run
@@ -518,17 +519,19 @@ class Run:
             )
 
     def _save(self, step: int, digests: dict[str, Future], outputs, info: dict) -> None:
-        """Queue the step's file and then its sidecar for the writer; the inputs' digests may still be hashing.
-        The step file is hashed while it is written."""
+        """Serialise and hash the step on a hashing thread (its inputs' digests may still be hashing), then have
+        the writer write its file and its sidecar: the writer does nothing but write, while the next steps are
+        serialised beside it.
+
+        The hashing threads take jobs in order, so the digests this job waits for were taken before it: waiting
+        cannot block the pool."""
         tensors = {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in _output_tensors(outputs).items()}
         file = step_name(step) + ".safetensors"
 
-        def write() -> None:
+        def serialise() -> tuple[bytes, dict]:
             inputs = resolved(digests)
             data = save_tensors(tensors)
-            file_sha256 = self._hashers.submit(sha256_bytes, data)
-            write_atomic(self.folder / file, data)
-            write_json(self.folder / (step_name(step) + ".json"), {
+            return data, {
                 "schema": STEP_SCHEMA,
                 "step": step,
                 "total": self.total,
@@ -536,8 +539,15 @@ class Run:
                 "input_sha256": _combined(inputs),
                 "inputs": inputs,
                 "info": info,
-                "file_sha256": file_sha256.result(),
-            })
+                "file_sha256": sha256_bytes(data),
+            }
+
+        serialised = self._hashers.submit(serialise)
+
+        def write() -> None:
+            data, sidecar = serialised.result()
+            write_atomic(self.folder / file, data)
+            write_json(self.folder / (step_name(step) + ".json"), sidecar)
 
         self._writer.put(write)
 
