@@ -48,7 +48,8 @@ from h3gate import bench
 from h3gate.contract import model_inputs
 from h3gate.files import write_json
 from h3gate.model import keeps_fp32
-from h3gate.resume import HASH_THREADS, Run, hash_inputs, resolved
+from h3gate import resume
+from h3gate.resume import Run, hash_inputs, resolved
 
 RELEASE_STEP_MS = 6794.0  # the provider's 50-block transformer call, h200-release-step-tma.json
 MB = 1e6
@@ -211,7 +212,7 @@ def calibrate(device: str, step_ms: float):
 def host_parts(inputs: dict, outputs: tuple, device: str, repeats: int = 5) -> dict:
     """Median milliseconds of the store's main-thread jobs alone, the host copies of the inputs (what
     ``hash_inputs`` does on the caller's thread) and of the outputs (``Run._save``'s expression), and of hashing
-    one call's copied inputs on ``HASH_THREADS`` threads (in the background during a run)."""
+    one call's copied inputs on the store's threads (in the background during a run)."""
     tensors = {name: value for name, value in inputs.items() if isinstance(value, torch.Tensor)}
     copies = {name: value.to("cpu", copy=True) for name, value in tensors.items()}
 
@@ -224,12 +225,12 @@ def host_parts(inputs: dict, outputs: tuple, device: str, repeats: int = 5) -> d
             times.append(time.perf_counter() - start)
         return statistics.median(times) * 1e3
 
-    with ThreadPoolExecutor(HASH_THREADS) as hashers:
+    with ThreadPoolExecutor(resume.STORE_THREADS) as pool:
         return {
             "input_copy_ms": timed(lambda: [value.detach().to("cpu", copy=True) for value in tensors.values()]),
             "host_copy_ms": timed(lambda: [out.detach().to("cpu", copy=True).contiguous() for out in outputs]),
-            "input_hashing_ms": timed(lambda: resolved(hash_inputs(copies, hashers, snapshot=False))),
-            "hash_threads": HASH_THREADS,
+            "input_hashing_ms": timed(lambda: resolved(hash_inputs(copies, pool, snapshot=False))),
+            "store_threads": resume.STORE_THREADS,
         }
 
 
@@ -323,7 +324,7 @@ def table(report: dict) -> str:
         f"{hold['store_main_thread_max_ms']:.1f}); alone: host copy of inputs {hold['input_copy_ms']:.1f} ms, of "
         f"outputs {hold['host_copy_ms']:.1f} ms |",
         f"| 3. hashing a call's inputs, in the background | {hold['input_hashing_ms']:.1f} ms on "
-        f"{hold['hash_threads']} threads |",
+        f"{hold['store_threads']} threads |",
         f"| 3. finish() after the last step | {hold['finish_s'] * 1e3:.1f} ms |",
     ])
 
@@ -346,10 +347,14 @@ def main():
     parser.add_argument("--folder", default=tempfile.gettempdir(),
                         help="where the phases write (a temporary folder inside it, removed after); put it on the "
                         "filesystem the run folders live on")
+    parser.add_argument("--store-threads", type=int, default=resume.STORE_THREADS,
+                        help="the store's threads hashing inputs and writing step files (h3gate.resume.STORE_THREADS; "
+                        "its default is this machine's)")
     parser.add_argument("-o", "--output", help="write the report as JSON here")
     args = parser.parse_args()
-    if args.steps < 1 or args.rounds < 1 or not 0 < args.fraction <= 1:
-        parser.error("--steps and --rounds must be >= 1, --fraction in (0, 1]")
+    if args.steps < 1 or args.rounds < 1 or args.store_threads < 1 or not 0 < args.fraction <= 1:
+        parser.error("--steps, --rounds and --store-threads must be >= 1, --fraction in (0, 1]")
+    resume.STORE_THREADS = args.store_threads
     inputs, outputs = release_io(args.device, args.fraction)
     with tempfile.TemporaryDirectory(prefix="step-store-", dir=args.folder) as folder:
         folder = Path(folder)

@@ -262,6 +262,32 @@ def test_computed_calls_are_hashed_in_the_background_as_they_were_called(tmp_pat
     assert recorded == at_call and len(set(at_call)) == 3
 
 
+def test_sidecars_land_in_step_order_after_their_files(tmp_path, monkeypatch):
+    """Step files are written several at once, so a slow one is overtaken; the sidecars still land in step order,
+    each after its step file (a sidecar means a complete step, and the steps on disk stay contiguous)."""
+    landed, write_atomic, write_json = [], resume.write_atomic, resume.write_json
+
+    def slow_file(path, data):
+        if path.name == "step-0001.safetensors":
+            time.sleep(0.5)
+        write_atomic(path, data)
+        landed.append(path.name)
+
+    def recorded_json(path, value):
+        write_json(path, value)
+        landed.append(path.name)
+
+    monkeypatch.setattr(resume, "STORE_THREADS", 3)
+    monkeypatch.setattr(resume, "write_atomic", slow_file)
+    monkeypatch.setattr(resume, "write_json", recorded_json)
+    toy_run(tmp_path, Toy())
+    steps = [name for name in landed if name.startswith("step-")]
+    assert steps.index("step-0002.safetensors") < steps.index("step-0001.safetensors"), "files in flight at once"
+    sidecars_landed = [name for name in steps if name.endswith(".json")]
+    assert sidecars_landed == [f"step-{i:04d}.json" for i in range(CALLS)]
+    assert all(steps.index(f"step-{i:04d}.safetensors") < steps.index(f"step-{i:04d}.json") for i in range(CALLS))
+
+
 def test_a_failed_hash_stops_the_run(tmp_path, monkeypatch):
     def broken(tensor):
         raise MemoryError("cannot hash")

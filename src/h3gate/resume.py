@@ -20,14 +20,15 @@ Rules:
 
 - A folder whose ``run.json`` differs from the current identity is refused with every difference named; it is
   never overwritten, mixed or deleted (move it away to generate anew).
-- Every file is written atomically (temp, fsync, rename: :func:`h3gate.files.write_atomic`) by a background
-  thread, so the next call is not stalled by the disk; pending writes are flushed before the run ends, also on
+- Every file is written atomically (temp, fsync, rename: :func:`h3gate.files.write_atomic`) by background
+  threads, so the next call is not stalled by the disk; pending writes are flushed before the run ends, also on
   error. A killed process leaves complete steps or none.
-- Hashing and serialising run on a few background threads (hashlib releases the GIL on large buffers, so they
-  hash in parallel), the writing on one more. A computed call's inputs are copied to host memory and hashed
-  there while the transformer runs: the device waits only for that copy, not for sha256 of every input (26 MB
-  at release size). The first call and replayed calls hash before going on, since their digests decide whether
-  the run may continue.
+- Background work: a few store threads hash a computed call's inputs, then serialise, hash and write its step
+  file (hashlib releases the GIL on large buffers, so they work in parallel, and several step files are in
+  flight at once); one writer thread writes the sidecars, in step order, each after its step file. The inputs
+  are copied to host memory first, while the device waits (26 MB at release size); their sha256 is computed
+  while the transformer runs. The first call and replayed calls hash before going on, since their digests
+  decide whether the run may continue.
 - On open every step file and artifact is checked against its recorded sha256; a damaged one is named.
 - SIGTERM and SIGINT (handled in the main thread, the only one Python delivers signals to) let the current call
   finish and its step file land; then :class:`Preempted` (a KeyboardInterrupt) says "preempted at step k/N; run
@@ -72,9 +73,9 @@ FINISHED_SCHEMA = "h3gate.finished-run/1"
 IDENTITY_FILE = "run.json"
 FINISHED_FILE = "finished.json"
 LOCK_FILE = "run.lock"
-# Threads hashing inputs and step files: the release transformer's inputs are two large tensors (14 and 10 MB)
-# and a few small ones, and a step file is hashed while the next call's inputs are.
-HASH_THREADS = min(4, os.cpu_count() or 1)
+# Store threads: hashing inputs (at release two large tensors, 14 and 10 MB, and a few small ones), serialising,
+# hashing and writing step files, several steps at once.
+STORE_THREADS = min(4, os.cpu_count() or 1)
 
 
 class ResumeError(RuntimeError):
@@ -135,16 +136,16 @@ def tensor_sha256(tensor: torch.Tensor) -> str:
     return digest.hexdigest()
 
 
-def hash_inputs(inputs: dict, hashers: ThreadPoolExecutor, snapshot: bool) -> dict[str, Future]:
-    """sha256 per keyword input, as futures of ``hashers``: tensors by their bytes (:func:`tensor_sha256`),
+def hash_inputs(inputs: dict, pool: ThreadPoolExecutor, snapshot: bool) -> dict[str, Future]:
+    """sha256 per keyword input, as futures of ``pool``: tensors by their bytes (:func:`tensor_sha256`),
     anything else by its repr, taken now. With ``snapshot`` the tensors are first copied to host memory here, so
     the caller may change them in place (the denoising loop does) before they are hashed."""
     futures = {}
     for name, value in sorted(inputs.items()):
         if isinstance(value, torch.Tensor):
-            futures[name] = hashers.submit(tensor_sha256, value.detach().to("cpu", copy=True) if snapshot else value)
+            futures[name] = pool.submit(tensor_sha256, value.detach().to("cpu", copy=True) if snapshot else value)
         else:
-            futures[name] = hashers.submit(sha256_bytes, repr(value).encode())
+            futures[name] = pool.submit(sha256_bytes, repr(value).encode())
     return futures
 
 
@@ -199,7 +200,8 @@ def identity_differences(saved: dict, current: dict) -> list[str]:
 
 
 class _Writer:
-    """One background thread that runs write jobs in order; its first error is raised on the next put/flush."""
+    """One background thread that runs write jobs in order; its first error is raised on the next put/flush.
+    Its jobs after an error are skipped."""
 
     def __init__(self):
         self._jobs: queue.Queue = queue.Queue(maxsize=2)  # bounded: at most two steps' outputs wait in memory
@@ -295,7 +297,7 @@ class Run:
             raise
         if self.saved:
             self.first_call_inputs = self.saved[0]["inputs"]
-        self._hashers = ThreadPoolExecutor(HASH_THREADS, thread_name_prefix="h3gate-hash")
+        self._pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="h3gate-store")
         self._writer = _Writer()
         self._bar = tqdm(
             total=self.total,
@@ -313,7 +315,7 @@ class Run:
         try:
             self._writer.close()
         finally:
-            self._hashers.shutdown()
+            self._pool.shutdown()
             self._restore_signal_handlers()
             self._bar.close()
             self._lock.release()
@@ -458,7 +460,7 @@ class Run:
             raise ResumeError(f"the pipeline made more than the {self.total} transformer calls this run expects "
                               f"({self.folder})")
         replay = step < len(self.saved)
-        digests = hash_inputs(inputs, self._hashers, snapshot=step > 0 and not replay)
+        digests = hash_inputs(inputs, self._pool, snapshot=step > 0 and not replay)
         if step == 0:
             self.first_call_inputs = resolved(digests)
             self._check_start(self.first_call_inputs)
@@ -519,19 +521,20 @@ class Run:
             )
 
     def _save(self, step: int, digests: dict[str, Future], outputs, info: dict) -> None:
-        """Serialise and hash the step on a hashing thread (its inputs' digests may still be hashing), then have
-        the writer write its file and its sidecar: the writer does nothing but write, while the next steps are
-        serialised beside it.
+        """Have a store thread serialise, hash and write the step file (its inputs' digests may still be hashing),
+        then the writer write its sidecar: sidecars land in step order, each after its step file, while several
+        step files are written at once.
 
-        The hashing threads take jobs in order, so the digests this job waits for were taken before it: waiting
+        The store threads take jobs in order, so the digests this job waits for were taken before it: waiting
         cannot block the pool."""
         tensors = {name: tensor.detach().to("cpu", copy=True).contiguous() for name, tensor in _output_tensors(outputs).items()}
         file = step_name(step) + ".safetensors"
 
-        def serialise() -> tuple[bytes, dict]:
+        def write_file() -> dict:
             inputs = resolved(digests)
             data = save_tensors(tensors)
-            return data, {
+            write_atomic(self.folder / file, data)
+            return {
                 "schema": STEP_SCHEMA,
                 "step": step,
                 "total": self.total,
@@ -542,12 +545,10 @@ class Run:
                 "file_sha256": sha256_bytes(data),
             }
 
-        serialised = self._hashers.submit(serialise)
+        written = self._pool.submit(write_file)
 
         def write() -> None:
-            data, sidecar = serialised.result()
-            write_atomic(self.folder / file, data)
-            write_json(self.folder / (step_name(step) + ".json"), sidecar)
+            write_json(self.folder / (step_name(step) + ".json"), written.result())
 
         self._writer.put(write)
 
