@@ -10,8 +10,9 @@ Shapes: ``release`` is MiniMax-H3 at 124 frames 1344x768 (sequence 38,222; 56 he
 14336; bf16; random weights of the release config); ``small`` is the embedded benchmark preset.
 
 Backward passes start from an output gradient (``output_grad``): ``random`` (seeded normal, the default) or
-``ones``. A constant gradient is a degenerate operand: a GEMM fed one runs cooler, so a power-limited kernel
-clocks higher than it does on a real gradient.
+``ones``. A constant gradient is a degenerate operand that real backward passes never see: on an H200 the
+provider's backward ran 7-19% faster from one than from a random gradient, the candidate's 5-7%
+(``benchmarks/results/h200-perf/release-final{,-ones}.log``).
 """
 
 from __future__ import annotations

@@ -263,8 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--no-block", action="store_true", help="skip the one-block benchmark")
     bench.add_argument("--step-layers", type=int, default=0, help="also time one transformer forward with this many blocks (release: 50)")
     bench.add_argument("--output-grad", choices=("random", "ones"), default="random",
-                       help="the gradient backward passes start from: seeded normal, or all ones (a degenerate operand: "
-                       "GEMMs fed it draw less power and may clock higher)")
+                       help="the gradient backward passes start from: seeded normal, or all ones (a degenerate operand "
+                       "from which backward passes run faster than from a real gradient)")
     bench.add_argument("-o", "--out", default=None, help="write the JSON report here (e.g. benchmarks/results/h200.json)")
     bench.set_defaults(run=_bench)
 
