@@ -217,7 +217,8 @@ def _rate(work: float, ms: float, unit: str) -> float:
 
 
 def bench_ops(candidate, shape: str, device: str, ops=None, progress=print, grad_kind: str = "random") -> list[dict]:
-    """Per op: forward and forward+backward times of candidate and provider, ratios, rates."""
+    """Per op: forward and forward+backward times of candidate and provider, ratios, rates, and the peak memory a
+    forward+backward adds to what its inputs hold."""
     kernel_ops = candidate.kernel_ops()
     rows = []
     for case in cases(SHAPES[shape], device):
@@ -232,13 +233,17 @@ def bench_ops(candidate, shape: str, device: str, ops=None, progress=print, grad
         work_fwd, work_bwd = case.work
         with torch.no_grad():
             row["candidate_fwd_ms"] = median_ms(lambda inputs=inputs: kernel_ops[case.op](**inputs), device)
-        row["candidate_fwd_bwd_ms"] = median_ms(_forward_backward(kernel_ops[case.op], inputs, grad_kind), device)
+        step = _forward_backward(kernel_ops[case.op], inputs, grad_kind)
+        row["candidate_fwd_bwd_ms"] = median_ms(step, device)
+        row["candidate_peak_mib"] = _peak_mib(step, device)
         for variant in variants:
             name = "provider" if variant is None else f"provider_{variant}"
             with _sdpa(variant):
                 with torch.no_grad():
                     row[f"{name}_fwd_ms"] = median_ms(lambda inputs=inputs: provider(**inputs), device)
-                row[f"{name}_fwd_bwd_ms"] = median_ms(_forward_backward(provider, inputs, grad_kind), device)
+                step = _forward_backward(provider, inputs, grad_kind)
+                row[f"{name}_fwd_bwd_ms"] = median_ms(step, device)
+                row[f"{name}_peak_mib"] = _peak_mib(step, device)
         row["ratio_fwd"] = row["provider_fwd_ms"] / row["candidate_fwd_ms"]
         row["ratio_fwd_bwd"] = row["provider_fwd_bwd_ms"] / row["candidate_fwd_bwd_ms"]
         row["candidate_fwd_rate"] = _rate(work_fwd, row["candidate_fwd_ms"], unit)
@@ -334,6 +339,7 @@ class _Captured(Exception):
 
 
 def _peak_mib(fn, device: str) -> float | None:
+    """MiB that ``fn`` allocates at its peak beyond what is allocated before it (CUDA only; None elsewhere)."""
     if not device.startswith("cuda"):
         return None
     torch.cuda.synchronize()
@@ -389,10 +395,11 @@ def bench_step(candidate, shape: str, device: str, layers: int, progress=print) 
             transformer(**inputs)
 
     progress("step provider")
-    result = {"layers": layers, "provider_ms": median_ms(step, device, repeats=3)}
+    result = {"layers": layers, "provider_ms": median_ms(step, device, repeats=3), "provider_peak_mib": _peak_mib(step, device)}
     progress("step candidate")
     with candidate.installed(transformer):
         result["candidate_ms"] = median_ms(step, device, repeats=3)
+        result["candidate_peak_mib"] = _peak_mib(step, device)
     result["ratio"] = result["provider_ms"] / result["candidate_ms"]
     return result
 
@@ -422,11 +429,18 @@ def run(candidate, shape: str, device: str, ops=None, block=True, step_layers: i
     return report
 
 
+def _mib(row: dict, who: str) -> str:
+    """``who``'s peak memory in a row, or '-' where none was measured (CPU; reports from before it was)."""
+    peak = row.get(f"{who}_peak_mib")
+    return "-" if peak is None else f"{peak:.0f}"
+
+
 def table(report: dict) -> str:
     """The readable form: one line per op, then the block and the step."""
     ceiling = report.get("ceilings", {})
     lines = [
         f"{'op':44s} {'cand fwd':>9s} {'prov fwd':>9s} {'x':>5s} {'cand f+b':>9s} {'prov f+b':>9s} {'x':>5s} {'rate':>9s} {'of peak':>7s}"
+        f" {'f+b MiB cand/prov':>17s}"
     ]
     for row in report["ops"]:
         peak = ceiling.get("bf16_gemm_tflops" if row["unit"] == "TFLOP/s" else "copy_gbps")
@@ -434,7 +448,7 @@ def table(report: dict) -> str:
         lines.append(
             f"{row['label']:44s} {row['candidate_fwd_ms']:9.3f} {row['provider_fwd_ms']:9.3f} {row['ratio_fwd']:5.2f} "
             f"{row['candidate_fwd_bwd_ms']:9.3f} {row['provider_fwd_bwd_ms']:9.3f} {row['ratio_fwd_bwd']:5.2f} "
-            f"{row['candidate_fwd_rate']:9.1f} {share}"
+            f"{row['candidate_fwd_rate']:9.1f} {share} {_mib(row, 'candidate'):>8s}/{_mib(row, 'provider'):<8s}"
         )
         for variant in SDPA_VARIANTS:
             if f"provider_{variant}_fwd_ms" in row:
@@ -442,18 +456,21 @@ def table(report: dict) -> str:
                     f"{'  provider SDPA ' + variant:44s} {'':9s} {row[f'provider_{variant}_fwd_ms']:9.3f} "
                     f"{row[f'provider_{variant}_fwd_ms'] / row['candidate_fwd_ms']:5.2f} {'':9s} "
                     f"{row[f'provider_{variant}_fwd_bwd_ms']:9.3f} {row[f'provider_{variant}_fwd_bwd_ms'] / row['candidate_fwd_bwd_ms']:5.2f}"
+                    f" {'':9s} {'':7s} {'':8s}/{_mib(row, f'provider_{variant}'):<8s}"
                 )
     if "block" in report:
         b = report["block"]
         lines.append(
             f"block (seq {b['seq']}): fwd {b['candidate_fwd_ms']:.2f} vs {b['provider_fwd_ms']:.2f} ms (x{b['ratio_fwd']:.2f}), "
             f"fwd+bwd {b['candidate_fwd_bwd_ms']:.2f} vs {b['provider_fwd_bwd_ms']:.2f} ms (x{b['ratio_fwd_bwd']:.2f}); "
-            f"peak MiB {b['candidate_peak_mib']} vs {b['provider_peak_mib']}"
+            f"peak MiB {_mib(b, 'candidate')} vs {_mib(b, 'provider')}"
         )
     if "step" in report:
         st = report["step"]
-        lines.append(f"step ({st['layers']} blocks): {st['candidate_ms']:.1f} vs {st['provider_ms']:.1f} ms (x{st['ratio']:.2f})")
+        lines.append(f"step ({st['layers']} blocks): {st['candidate_ms']:.1f} vs {st['provider_ms']:.1f} ms (x{st['ratio']:.2f}); "
+                     f"peak MiB {_mib(st, 'candidate')} vs {_mib(st, 'provider')}")
     if ceiling:
         lines.append(f"ceilings: bf16 GEMM {ceiling['bf16_gemm_tflops']:.0f} TFLOP/s, copy {ceiling['copy_gbps']:.0f} GB/s")
-    lines.append("x = provider time / candidate time (above 1: candidate faster)")
-    return "\n".join(lines)
+    lines.append("x = provider time / candidate time (above 1: candidate faster); MiB: peak memory a forward+backward "
+                 "adds (GPU only)")
+    return "\n".join(line.rstrip() for line in lines)
