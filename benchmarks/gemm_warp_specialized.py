@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from h3_triton import gemm
-from h3_triton.gemm import _grouped_tile, _tma_operand
+from h3_triton.gemm import _grouped_tile, _operand_descriptor, _tma_operand
 from h3_triton.interpret import INTERPRET
 from h3_triton.tma import program_slots, set_scratch_allocator
 from h3gate.bench import median_ms
@@ -41,36 +41,31 @@ def _ws_gemm_kernel(a_ptr, b_ptr, c_ptr, M, N, K, s_a, s_b, s_c,
                     A_T: tl.constexpr, B_T: tl.constexpr, NUM_SMS: tl.constexpr, PERSISTENT: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """h3_triton's ``_tma_gemm_kernel`` (no bias) with a warp-specialised loop."""
-    if A_T:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[K, M], strides=[s_a, 1], block_shape=[BLOCK_K, BLOCK_M])
-    else:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[s_a, 1], block_shape=[BLOCK_M, BLOCK_K])
-    if B_T:
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[s_b, 1], block_shape=[BLOCK_K, BLOCK_N])
-    else:
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[s_b, 1], block_shape=[BLOCK_N, BLOCK_K])
+    a_desc = _operand_descriptor(a_ptr, M, K, s_a, A_T, BLOCK_M, BLOCK_K)
+    b_desc = _operand_descriptor(b_ptr, N, K, s_b, B_T, BLOCK_N, BLOCK_K)
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[s_c, 1], block_shape=[BLOCK_M, BLOCK_N])
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
     k_tiles = tl.cdiv(K, BLOCK_K)
     if PERSISTENT:
         for tile in range(tl.program_id(0), num_m * num_n, NUM_SMS):
-            pid_m, pid_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
-            acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-            for ki in tl.range(0, k_tiles, warp_specialize=True):
-                a = _tma_operand(a_desc, pid_m * BLOCK_M, ki * BLOCK_K, A_T)
-                b = _tma_operand(b_desc, pid_n * BLOCK_N, ki * BLOCK_K, B_T)
-                acc = tl.dot(a, b.T, acc)
-            c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+            _ws_tile(a_desc, b_desc, c_desc, tile, num_m, num_n, k_tiles, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K, GROUP_M)
     else:
-        pid_m, pid_n = _grouped_tile(tl.program_id(0), num_m, num_n, GROUP_M)
-        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for ki in tl.range(0, k_tiles, warp_specialize=True):
-            a = _tma_operand(a_desc, pid_m * BLOCK_M, ki * BLOCK_K, A_T)
-            b = _tma_operand(b_desc, pid_n * BLOCK_N, ki * BLOCK_K, B_T)
-            acc = tl.dot(a, b.T, acc)
-        c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_ptr.dtype.element_ty))
+        _ws_tile(a_desc, b_desc, c_desc, tl.program_id(0), num_m, num_n, k_tiles, A_T, B_T, BLOCK_M, BLOCK_N, BLOCK_K,
+                 GROUP_M)
 
+
+@triton.jit
+def _ws_tile(a_desc, b_desc, c_desc, tile, num_m, num_n, k_tiles, A_T: tl.constexpr, B_T: tl.constexpr,
+             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """Output tile number ``tile`` (grouped order), its loop over K warp-specialised."""
+    pid_m, pid_n = _grouped_tile(tile, num_m, num_n, GROUP_M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for ki in tl.range(0, k_tiles, warp_specialize=True):
+        a = _tma_operand(a_desc, pid_m * BLOCK_M, ki * BLOCK_K, A_T)
+        b = _tma_operand(b_desc, pid_n * BLOCK_N, ki * BLOCK_K, B_T)
+        acc = tl.dot(a, b.T, acc)
+    c_desc.store([pid_m * BLOCK_M, pid_n * BLOCK_N], acc.to(c_desc.dtype))
 
 def parse_config(text: str) -> dict:
     """``128x256w4s3`` (BLOCK_M x BLOCK_N, warps, stages), ``p`` suffix: persistent."""

@@ -124,6 +124,15 @@ def _gemm_kernel(
 
 
 @triton.jit
+def _operand_descriptor(ptr, MN, K, stride, TRANSPOSED: tl.constexpr, BLOCK_MN: tl.constexpr, BLOCK_K: tl.constexpr):
+    """A tensor descriptor of an (MN, K) operand stored (MN, K), or (K, MN) when ``TRANSPOSED``, with row stride
+    ``stride``; its tiles are read by :func:`_tma_operand`."""
+    if TRANSPOSED:
+        return tl.make_tensor_descriptor(ptr, shape=[K, MN], strides=[stride, 1], block_shape=[BLOCK_K, BLOCK_MN])
+    else:
+        return tl.make_tensor_descriptor(ptr, shape=[MN, K], strides=[stride, 1], block_shape=[BLOCK_MN, BLOCK_K])
+
+@triton.jit
 def _tma_operand(desc, offset_mn, offset_k, TRANSPOSED: tl.constexpr):
     """The (MN, K) tile of an operand stored (MN, K), or (K, MN) when ``TRANSPOSED``, as (MN, K)."""
     if TRANSPOSED:
@@ -142,14 +151,8 @@ def _tma_gemm_kernel(
     """C (M, N) row-major = A @ B (+ bias); A is stored (M, K) or, ``A_T``, (K, M); B is stored (N, K) or,
     ``B_T``, (K, N); ``s_*`` are the row strides of those stored matrices. Persistent: ``NUM_SMS`` programs
     walk the output tiles in the pointer kernel's grouped order."""
-    if A_T:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[K, M], strides=[s_a, 1], block_shape=[BLOCK_K, BLOCK_M])
-    else:
-        a_desc = tl.make_tensor_descriptor(a_ptr, shape=[M, K], strides=[s_a, 1], block_shape=[BLOCK_M, BLOCK_K])
-    if B_T:
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[K, N], strides=[s_b, 1], block_shape=[BLOCK_K, BLOCK_N])
-    else:
-        b_desc = tl.make_tensor_descriptor(b_ptr, shape=[N, K], strides=[s_b, 1], block_shape=[BLOCK_N, BLOCK_K])
+    a_desc = _operand_descriptor(a_ptr, M, K, s_a, A_T, BLOCK_M, BLOCK_K)
+    b_desc = _operand_descriptor(b_ptr, N, K, s_b, B_T, BLOCK_N, BLOCK_K)
     c_desc = tl.make_tensor_descriptor(c_ptr, shape=[M, N], strides=[s_c, 1], block_shape=[BLOCK_M, BLOCK_N])
     num_m = tl.cdiv(M, BLOCK_M)
     num_n = tl.cdiv(N, BLOCK_N)
