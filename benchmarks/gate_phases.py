@@ -106,7 +106,7 @@ def main():
             if args.gate == "model":
                 frozen = model_gate.freeze(model, contract, args.device, thresholds, variant_names=variants)
             else:
-                frozen = block_gate.freeze(model, contract, args.device, 0, thresholds, thresholds, variants,
+                frozen = block_gate.freeze(model, contract, args.device, 0, thresholds, variants,
                                            progress=progress)
         print(f"{'build':28s} {build:8.2f} s")
         print_phases("freeze", frozen.provenance["timings_s"], freeze_profile)

@@ -71,7 +71,7 @@ def run_block(item):
         names = _variant_names(session)
         with item.progress(len(names) + 3) as bar:
             frozen = block_gate.freeze(
-                session.model, contract, session.device, block, session.thresholds, session.out, names, force,
+                session.model, contract, session.device, block, session.thresholds, names, force,
                 progress=bar.step,
             )
         return item.frozen(frozen)

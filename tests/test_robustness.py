@@ -1,17 +1,21 @@
 """Faults and bad inputs: every JSON loader fails only with its documented error, a full disk leaves nothing
-half-written, a capture that does not match its digest is refused, a NaN or misshapen candidate is named."""
+half-written, a capture that is not the frozen one is refused, a NaN or misshapen candidate is named."""
 
 import errno
 import json
 import os
 
 import pytest
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import THRESHOLDS
 from h3gate import bounds, evidence, files, generation_contract, resume
+from safetensors.torch import save
+
 from h3gate.block_program import PROVIDER_OPS, Installation
+from h3gate.bounds import BoundsError
 from h3gate.candidates import Candidate, CandidateError
 from h3gate.contract import load_model_contract
 from h3gate.files import FileFormatError, WriteError
@@ -105,18 +109,20 @@ def test_a_full_disk_leaves_nothing_half_written(tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bounds.json"], "no temporary file left behind"
 
 
-def test_a_capture_that_does_not_match_its_digest_or_is_unreadable_is_refused(tiny, tiny_contract, tmp_path):
-    block_gate.capture(tiny, tiny_contract, "cpu", 0, tmp_path)[1].result()
-    path = block_gate.capture_path(tmp_path, tiny, 0)
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 1
-    path.write_bytes(bytes(data))
-    _, digest = block_gate.capture(tiny, tiny_contract, "cpu", 0, tmp_path)
-    with pytest.raises(FileFormatError, match=r"block0.safetensors: capture does not match its sidecar"):
+def test_a_capture_that_is_not_the_frozen_one_or_is_unreadable_is_refused(tmp_path):
+    path = tmp_path / "block0-capture.safetensors"
+    with pytest.raises(BoundsError, match=r"frozen capture of block 0 is missing: .*block0-capture.safetensors "
+                       r"\(sha256 0{64}\); `h3gate capture .*` re-makes it"):
+        block_gate.load_capture(path, "0" * 64, 0)
+    data = save({"hidden_states": torch.ones(3, 4)})
+    path.write_bytes(data)
+    _, digest = block_gate.load_capture(path, "0" * 64, 0)
+    with pytest.raises(BoundsError, match=r"block0-capture.safetensors \(sha256 [0-9a-f]{12}\) is not the capture its "
+                       r"bounds were frozen from \(000000000000\)"):
         digest.result()
     path.write_bytes(b"not safetensors")
-    with pytest.raises(FileFormatError, match=r"block0.safetensors: capture is not a readable safetensors file"):
-        block_gate.capture(tiny, tiny_contract, "cpu", 0, tmp_path)
+    with pytest.raises(FileFormatError, match=r"block0-capture.safetensors: capture is not a readable safetensors file"):
+        block_gate.load_capture(path, "0" * 64, 0)
 
 
 class _Broken(Candidate):

@@ -182,8 +182,19 @@ def _lock_path(thresholds: Path) -> Path:
     return Path(thresholds) / LOCK_NAME
 
 
+LOCKED_PATTERNS = ("*.json", "*-capture.safetensors")
+"""What the lock pins: bounds and contracts, and the block gate's captures frozen beside their bounds."""
+
+
 def _locked_files(thresholds: Path) -> list[Path]:
-    return sorted(p for p in Path(thresholds).rglob("*.json") if p.name != LOCK_NAME)
+    found = {p for pattern in LOCKED_PATTERNS for p in Path(thresholds).rglob(pattern)}
+    return sorted(p for p in found if p.name != LOCK_NAME)
+
+
+def _may_be_absent(relative: str) -> bool:
+    """A capture may live outside version control (0.8 GB a block at release size): the gate item that needs it
+    names it when it is missing, with the command that makes it; any other locked file must be present."""
+    return relative.endswith("-capture.safetensors")
 
 
 def read_lock(thresholds: Path) -> dict[str, str]:
@@ -217,6 +228,8 @@ def verify_lock(thresholds: Path) -> dict[str, str]:
                 "from version control, or re-freeze with --h3-freeze --h3-freeze-force=REASON"
             )
     for relative in sorted(set(lock) - present):
+        if _may_be_absent(relative):
+            continue
         problems.append(f"{thresholds / relative} is in {LOCK_NAME} but missing: restore it from version control")
     if problems:
         raise BoundsError("thresholds lock check failed:\n  " + "\n  ".join(problems))
@@ -241,13 +254,14 @@ def refuse_overwrite(path: Path, force_reason: str | None) -> None:
         )
 
 
-def save(bounds: Bounds, path: Path, thresholds: Path, force_reason: str | None = None) -> Path:
-    """Write a bounds file and lock it; an existing file is replaced only with a recorded reason."""
+def save(bounds: Bounds, path: Path, thresholds: Path, force_reason: str | None = None, companions=()) -> Path:
+    """Write a bounds file and lock it with the ``companions`` frozen beside it (a capture); an existing file is
+    replaced only with a recorded reason."""
     path = Path(path)
     refuse_overwrite(path, force_reason)
     if path.exists():
         bounds.provenance["forced"] = force_reason
     write_atomic(path, dumps(bounds.to_json()))
-    lock_files(thresholds, [path])
+    lock_files(thresholds, [path, *companions])
     bounds.path = path
     return path

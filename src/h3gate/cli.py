@@ -26,6 +26,26 @@ def _identity(args) -> int:
     return 0
 
 
+def _capture(args) -> int:
+    from h3gate.bounds import BoundsError
+    from h3gate.gates import block
+    from h3gate.model import ModelError, load_model
+
+    path = Path(args.capture)
+    if not path.name.endswith(block.CAPTURE_SUFFIX):
+        print(f"h3gate capture: {path} is not a block capture (block<N>{block.CAPTURE_SUFFIX})", file=sys.stderr)
+        return 2
+    device = args.device or ("cpu" if path.parent.name == "cpu" else "cuda")
+    try:
+        model = load_model(args.model or path.parent.parent.name)
+        written = block.recapture(path, model, device)
+    except (BoundsError, ModelError) as error:
+        print(f"h3gate capture: {error}", file=sys.stderr)
+        return 1
+    print(f"captured {written}: bitwise the frozen capture")
+    return 0
+
+
 def _candidates(args) -> int:
     from h3gate.candidates import available
 
@@ -235,6 +255,20 @@ def build_parser() -> argparse.ArgumentParser:
     identity.add_argument("--model", default="tiny", help="tiny, small or a checkpoint folder (default: tiny)")
     identity.add_argument("--seed", type=int, default=0, help="weight seed of an embedded model (default: 0)")
     identity.set_defaults(run=_identity)
+
+    capture = commands.add_parser(
+        "capture",
+        help="make a block gate's frozen capture again where it is missing (kept only if bitwise the frozen one)",
+        description="A block gate replays from block<N>-capture.safetensors frozen beside its bounds. A release-size "
+        "capture may live outside version control; this makes it again from the model and the model contract and "
+        "writes it only if its sha256 equals the one its bounds were frozen with (exit 1 otherwise: a machine of "
+        "another CPU or GPU kind captures other bits; copy the file from where the bounds were frozen).",
+    )
+    capture.add_argument("capture", metavar="CAPTURE", help="thresholds/<model>/<device class>/block<N>-capture.safetensors")
+    capture.add_argument("--model", default=None, help="tiny, small or the checkpoint folder (default: the thresholds "
+                         "folder's model name)")
+    capture.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: from the device class folder)")
+    capture.set_defaults(run=_capture)
 
     candidates = commands.add_parser("candidates", help="list the registered candidates")
     candidates.set_defaults(run=_candidates)

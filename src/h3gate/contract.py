@@ -4,7 +4,8 @@ The packed layout (positions, modality tags, row indices, per-row timesteps) is 
 static helpers of the modular pipeline (``MiniMaxH3PrepareLayoutStep.build_packed_sequence`` and
 ``MiniMaxH3SetTimestepsStep.build_row_timesteps``), so the gate runs the transformer on exactly the layout a
 generation would give it. Latents, text states and the backward's upstream gradients are drawn from one
-seeded CPU generator, so the input is bitwise identical on every machine.
+seeded CPU generator through :mod:`h3gate.seeded`, so the input is bitwise identical on every machine, whatever
+its CPU.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
     MINIMAX_H3_VIDEO_TAG,
 )
 
+from h3gate import seeded
 from h3gate.files import FileFormatError, read_json, require
 
 SCHEMA = "h3gate.model-contract/1"
@@ -109,7 +111,7 @@ def model_inputs(contract: ModelContract, config: dict) -> tuple[dict, dict]:
     audio_width = config["audio_in_channels"]
 
     def normal(*shape):
-        return torch.randn(shape, generator=generator, dtype=torch.float32)
+        return seeded.normal(shape, generator)
 
     inputs = {
         "hidden_states": normal(1, video_indices.numel(), video_width),

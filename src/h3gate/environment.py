@@ -70,6 +70,9 @@ def collect() -> dict:
     return {
         "python": platform.python_version(),
         "platform": platform.platform(),
+        "cpu": platform.processor() or platform.machine(),
+        # The CPU kernels ATen dispatches to (default, avx2, avx512, ...): bf16 bits follow them.
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "driver": driver_version(),

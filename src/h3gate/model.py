@@ -9,8 +9,9 @@ init attention is nearly uniform and a broken attention hides in bf16 noise): Q/
 make attention peaky, as in trained models; norm weights scatter around 1 so a missing weight shows; the
 AdaLN projection yields shift/scale/gate tables of order 0.5 that differ per modality, so a modulation row
 of the wrong modality shows. Weights are drawn in float32 from one seeded generator in sorted name order
-(bitwise identical across runs and processes), then rounded to the checkpoint precision, so golden (the
-fp32 upcast of the checkpoint) and provider share exactly the same weights.
+(:mod:`h3gate.seeded`: bitwise identical across runs, processes and CPU kinds, so the identity travels), then
+rounded to the checkpoint precision, so golden (the fp32 upcast of the checkpoint) and provider share exactly the
+same weights.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 from diffusers import MiniMaxH3Transformer3DModel
 
 from h3gate.presets import PRESETS, TRANSFORMER_CONFIGS
+from h3gate.seeded import normal
 
 TRANSFORMER_CLASS = "MiniMaxH3Transformer3DModel"
 DIGEST_CACHE = Path(os.environ.get("H3GATE_CACHE", Path.home() / ".cache" / "h3gate")) / "file-digests.json"
@@ -64,18 +66,18 @@ def _init_embedded(transformer: MiniMaxH3Transformer3DModel, seed: int) -> None:
             if name.endswith(("norm_q.weight", "norm_k.weight")):
                 value = 1.5 + 1.5 * torch.rand(shape, generator=generator)
             elif param.ndim == 1 and "norm" in name.split(".")[-2]:
-                value = 1.0 + 0.25 * torch.randn(shape, generator=generator)
+                value = 1.0 + 0.25 * normal(shape, generator)
             elif name.endswith("adaln_proj.linear.weight") or name.endswith("norm_out.linear.weight"):
-                value = torch.randn(shape, generator=generator) * (0.5 / shape[1] ** 0.5)
+                value = normal(shape, generator) * (0.5 / shape[1] ** 0.5)
             elif name.endswith("adaln_proj.linear.bias"):
                 # shift, scale and gate for each modality: order 0.3 around zero, gates around 0.5.
-                value = 0.3 * torch.randn(shape, generator=generator)
+                value = 0.3 * normal(shape, generator)
                 gates = value.view(-1, 6, hidden)[:, (2, 5)]
                 value.view(-1, 6, hidden)[:, (2, 5)] = gates + 0.5
             elif param.ndim == 1:
-                value = 0.1 * torch.randn(shape, generator=generator)
+                value = 0.1 * normal(shape, generator)
             else:
-                value = torch.randn(shape, generator=generator) / shape[1] ** 0.5
+                value = normal(shape, generator) / shape[1] ** 0.5
             param.copy_(value)
 
 

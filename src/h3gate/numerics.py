@@ -164,6 +164,18 @@ def deterministic():
         torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
 
 
+def scoped(mode: Mode, function: Callable) -> Callable:
+    """``function`` with ``mode``'s switches active during each call only: a generation's provider variant varies the
+    transformer, which candidates replace, while the VAEs and the text encoder keep the provider's defaults (flash
+    SDPA cannot take the video VAE decoder's float32 attention)."""
+
+    def call(*args, **kwargs):
+        with activate(mode):
+            return function(*args, **kwargs)
+
+    return call
+
+
 def runner(mode: Mode, transformer: torch.nn.Module) -> Callable:
     """The callable a run under ``mode`` invokes: the transformer itself, or its compiled form."""
     if mode.compiled:

@@ -23,6 +23,8 @@ from transformers import Qwen2Tokenizer, Qwen2VLImageProcessorPil, Qwen3VLConfig
 from transformers import Qwen3VLProcessor
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
+from h3gate import seeded
+
 _SPECIAL_TOKENS = (
     "<|endoftext|>",
     "<|im_start|>",
@@ -131,8 +133,9 @@ def _component_seed(seed: int, name: str) -> int:
 
 
 def _seeded(seed: int, name: str, build):
-    """``build()`` under the component's seed, in a forked RNG so the caller's global stream is left as it was."""
-    with torch.random.fork_rng(devices=[]):
+    """``build()`` under the component's seed, in a forked RNG so the caller's global stream is left as it was, with
+    every initialiser's draw the same bits on every CPU (:func:`h3gate.seeded.independent_of_machine`)."""
+    with torch.random.fork_rng(devices=[]), seeded.independent_of_machine():
         torch.manual_seed(_component_seed(seed, name))
         return build().eval()
 

@@ -1,8 +1,10 @@
 """The ``block`` gate: one transformer block replayed from captured inputs, every internal tap compared.
 
-When the model gate fails the next question is "which op?". Capture: a provider forward at the model
-contract records the exact inputs of the chosen blocks (hidden_states, temb, adaln_indices, rotary cos/sin)
-into safetensors with a sha256 sidecar; a capture whose file does not match its sidecar is refused. Replay:
+When the model gate fails the next question is "which op?". Capture: when the bounds are frozen, a provider
+forward at the model contract records the exact inputs of the block (hidden_states, temb, adaln_indices, rotary
+cos/sin) into ``block<N>-capture.safetensors`` beside ``block<N>-bounds.json``, its sha256 in the bounds and in the
+lock. A check replays from that file, never from a capture of its own: a bf16 forward's bits follow the machine's
+kernels (AVX2, AVX-512 and AMX CPUs differ), and the replay must start where the bounds started. Replay:
 the block alone, forward and backward from a seeded upstream gradient, under golden (an fp32 copy of the
 block), the provider and each variant (the block program over the provider's ops, bitwise diffusers) and
 the candidate, recording every named point of the block program, its gradient, every parameter gradient and
@@ -28,11 +30,11 @@ from pathlib import Path
 import torch
 
 from h3gate import bounds as bounds_mod
-from h3gate import numerics
+from h3gate import numerics, seeded
 from h3gate.block_program import BLOCK_TAP_POINTS, OP_GROUPS, PROVIDER_OPS, TAP_POINT, transformer_block_forward
 from h3gate.candidates import Candidate, CandidateError
 from h3gate.compare import relative_l2, ulp_distance
-from h3gate.contract import ModelContract, model_inputs
+from h3gate.contract import ModelContract, load_model_contract, model_inputs
 from h3gate.files import FileFormatError, dumps, read_json, sha256_bytes, sha256_file, write_atomic, write_json
 from h3gate.gates.model import inventory_checks
 from h3gate.measure import timed
@@ -41,7 +43,7 @@ from h3gate.taps import TapStore
 from h3gate.verdict import Check, GateResult
 
 GATE = "block"
-CAPTURE_KEYS = ("hidden_states", "temb", "adaln_indices", "cos", "sin")
+CAPTURE_SUFFIX = "-capture.safetensors"
 ULP_BINS = (0, 1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, math.inf)
 
 
@@ -61,39 +63,19 @@ def in_background(function, *args) -> Future:
 # Capture ----------------------------------------------------------------------------------------------
 
 
-def capture_path(out_dir: Path, model: Model, block: int) -> Path:
-    return Path(out_dir) / "captures" / f"{model.name}-{model.identity[:12]}" / f"block{block}.safetensors"
+def capture_path(bounds_file: Path) -> Path:
+    """The capture frozen beside a block's bounds file: ``block<N>-capture.safetensors``."""
+    bounds_file = Path(bounds_file)
+    return bounds_file.with_name(bounds_file.name.removesuffix("-bounds.json") + CAPTURE_SUFFIX)
 
 
-def capture(model: Model, contract: ModelContract, device: str, block: int, out_dir: Path) -> tuple[dict, Future]:
-    """(inputs of ``block`` in a provider forward at the contract, future of the capture file's sha256); cached
-    on disk. The file (0.8 GB at release size) is hashed, and a new one written, on a host thread while the
-    caller's golden replay runs on the device: the future's ``result()`` gives the digest, or raises
-    :class:`FileFormatError` for a file that does not match its sidecar. A cached file is mapped, not read: its
-    tensors are paged in once, as they are moved to the device."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file, save
+def capture(model: Model, contract: ModelContract, device: str, block: int) -> bytes:
+    """The inputs of ``block`` in a provider forward at the contract, as safetensors bytes (CPU tensors).
 
-    path = capture_path(out_dir, model, block)
-    sidecar = path.with_suffix(".json")
-    if path.exists():
-        recorded = read_json(sidecar, "capture sidecar")
+    Their bits follow the machine's kernels (a bf16 forward: AVX2, AVX-512 and AMX CPUs, and GPU kinds, differ), so
+    they are made once, when the bounds are frozen, and travel beside them (:func:`freeze`, :func:`load_capture`)."""
+    from safetensors.torch import save
 
-        def verified() -> str:
-            digest = sha256_file(path)
-            if recorded.get("sha256") != digest or recorded.get("model_identity") != model.identity:
-                raise FileFormatError(
-                    path, f"capture does not match its sidecar {sidecar.name} (sha256 {digest[:12]}, recorded "
-                    f"{str(recorded.get('sha256'))[:12]}): delete both files to capture again"
-                )
-            return digest
-
-        try:
-            captured = load_file(path)
-        except SafetensorError as error:
-            raise FileFormatError(path, f"capture is not a readable safetensors file ({error}): delete it and "
-                                  f"{sidecar.name} to capture again") from error
-        return captured, in_background(verified)
     inputs, _ = model_inputs(contract, model.config)
     captured = {}
 
@@ -112,15 +94,66 @@ def capture(model: Model, contract: ModelContract, device: str, block: int, out_
             transformer(**{k: v.to(device) for k, v in inputs.items()})
     finally:
         handle.remove()
-    def written() -> str:
-        data = save(captured)
-        write_atomic(path, data)
-        digest = sha256_bytes(data)
-        write_json(sidecar, {"sha256": digest, "model_identity": model.identity, "block": block,
-                             "contract": contract.to_json()})
-        return digest
+    return save(captured)
 
-    return captured, in_background(written)
+
+def _capture_command(path: Path, digest: str) -> str:
+    return (f"`h3gate capture {path}` re-makes it and keeps it only if its sha256 is the frozen {digest[:12]} (a "
+            "machine of the kind that froze it makes the same bits); elsewhere copy the file from where the bounds "
+            "were frozen")
+
+
+def load_capture(path: Path, digest: str, block: int) -> tuple[dict, Future]:
+    """(the captured inputs, future of the check that the file is the frozen one): the file is hashed on a host
+    thread while the caller's golden replay runs on the device (0.8 GB at release size); the future's ``result()``
+    raises :class:`h3gate.bounds.BoundsError` for a file that is not the frozen one. A missing file (a release-size
+    capture may live outside git) is one error naming the file, its digest and the command that makes it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load
+
+    path = Path(path)
+    if not path.is_file():
+        raise bounds_mod.BoundsError(f"the frozen capture of block {block} is missing: {path} (sha256 {digest}); "
+                                     + _capture_command(path, digest))
+    data = path.read_bytes()
+
+    def verified() -> str:
+        found = sha256_bytes(data)
+        if found != digest:
+            raise bounds_mod.BoundsError(
+                f"{path} (sha256 {found[:12]}) is not the capture its bounds were frozen from ({digest[:12]}): restore it "
+                "from version control, or " + _capture_command(path, digest)
+            )
+        return found
+
+    try:
+        captured = load(data)
+    except SafetensorError as error:
+        raise FileFormatError(path, f"capture is not a readable safetensors file ({error}): restore it from version "
+                              "control") from error
+    return captured, in_background(verified)
+
+
+def recapture(capture_file: Path, model: Model, device: str) -> Path:
+    """Make the frozen capture ``capture_file`` again (it may live outside version control) and write it only if it
+    is bitwise the frozen one, which its bounds file beside it names; else :class:`h3gate.bounds.BoundsError`."""
+    capture_file = Path(capture_file)
+    bounds_file = capture_file.with_name(capture_file.name.removesuffix(CAPTURE_SUFFIX) + "-bounds.json")
+    frozen = bounds_mod.load(bounds_file, GATE, model.identity, bounds_mod.device_class(device))
+    contract_file = bounds_file.parent.parent / "model-contract.json"
+    contract = load_model_contract(contract_file)
+    if frozen.provenance.get("contract") != contract.to_json():
+        raise bounds_mod.BoundsError(f"{bounds_file} was frozen for another model contract than {contract_file}")
+    data = capture(model, contract, device, int(frozen.provenance["block"]))
+    found, digest = sha256_bytes(data), frozen.provenance.get("capture_sha256")
+    if found != digest:
+        raise bounds_mod.BoundsError(
+            f"this machine captures other bits (sha256 {found[:12]}) than the frozen {capture_file.name} "
+            f"({str(digest)[:12]}): its CPU or GPU kind or its libraries differ from those that froze the bounds; copy "
+            "the file from where they were frozen"
+        )
+    write_atomic(capture_file, data)
+    return capture_file
 
 
 # Replay -----------------------------------------------------------------------------------------------
@@ -130,19 +163,19 @@ _NORMAL_CHUNK = 1 << 24  # elements per generator of :func:`seeded_normal`
 
 
 def seeded_normal(shape: torch.Size, seed: int) -> torch.Tensor:
-    """Standard normal float32 of ``shape``, drawn on the host in chunks of 16 M elements, chunk ``i`` by its own
-    generator seeded ``seed + i``, the chunks on a thread pool (torch releases the GIL while it draws).
+    """Unit-variance float32 of ``shape`` (:func:`h3gate.seeded.normal`), drawn on the host in chunks of 16 M
+    elements, chunk ``i`` by its own generator seeded ``seed + i``, the chunks on a thread pool (torch releases the
+    GIL while it draws).
 
-    The values depend on nothing but ``shape`` and ``seed`` (not the machine, its core count or device), and a
-    tensor of one chunk is ``torch.randn`` of ``Generator().manual_seed(seed)``. A release block's 205 M
-    elements took one generator 4.9 s on a 2-core host, and 2.4 s in chunks there.
+    The values depend on nothing but ``shape`` and ``seed`` (not the machine, its CPU kind, core count or device). A
+    release block's 205 M elements took one generator 4.9 s on a 2-core host, and 2.4 s in chunks there.
     """
     out = torch.empty(shape, dtype=torch.float32)
     flat = out.view(-1)
 
     def draw(index: int) -> None:
         chunk = flat[index * _NORMAL_CHUNK:(index + 1) * _NORMAL_CHUNK]
-        torch.randn(chunk.shape, generator=torch.Generator().manual_seed(seed + index), out=chunk)
+        chunk.copy_(seeded.normal(chunk.shape, torch.Generator().manual_seed(seed + index)))
 
     chunks = range(math.ceil(flat.numel() / _NORMAL_CHUNK))
     with ThreadPoolExecutor(max_workers=max(1, min(len(chunks), os.cpu_count() or 1))) as pool:
@@ -229,28 +262,34 @@ def _errors(store: TapStore, golden: TapStore) -> dict[str, float]:
 # Freeze and check -------------------------------------------------------------------------------------
 
 
-def _golden_of_capture(model, contract, device, block, out_dir, timings, progress):
-    """(replay inputs, golden's taps, the capture file's sha256) for freeze and check alike: the capture file is
-    written or hashed on a host thread while golden replays (:func:`capture`)."""
-    progress("capture")
+def _golden_of_capture(model, captured, hashing, device, block, timings, progress):
+    """(replay inputs, golden's taps) for freeze and check alike; the capture file's check (:func:`load_capture`)
+    runs on a host thread while golden replays, and raises here if it failed."""
     with timed(timings, "capture"):
-        captured, hashing = capture(model, contract, device, block, out_dir)
         inputs = replay_inputs(captured, device)
     progress("golden")
     with timed(timings, "golden"):
         golden = provider_replay(model, block, inputs, device, numerics.GOLDEN)
     with timed(timings, "capture"):
-        digest = hashing.result()
-    return inputs, golden, digest
+        hashing.result()
+    return inputs, golden
 
 
-def freeze(model, contract, device, block, thresholds, out_dir, variant_names=None, force_reason=None, progress=lambda m: None):
-    """Capture, then golden, provider and variants replays; the ensemble bounds of every tap, frozen and locked."""
+def freeze(model, contract, device, block, thresholds, variant_names=None, force_reason=None, progress=lambda m: None):
+    """Capture (frozen beside the bounds), then golden, provider and variants replays; the ensemble bounds of every
+    tap, frozen and locked with the capture."""
     device_class = bounds_mod.device_class(device)
     path = bounds_mod.bounds_path(thresholds, model.name, device_class, bounds_stem(block))
     bounds_mod.refuse_overwrite(path, force_reason)
     timings: dict[str, float] = {}
-    inputs, golden, digest = _golden_of_capture(model, contract, device, block, out_dir, timings, progress)
+    progress("capture")
+    with timed(timings, "capture"):
+        data = capture(model, contract, device, block)
+        digest = sha256_bytes(data)
+        capture_file = capture_path(path)
+        write_atomic(capture_file, data)
+        captured, hashing = load_capture(capture_file, digest, block)
+    inputs, golden = _golden_of_capture(model, captured, hashing, device, block, timings, progress)
     modes = [numerics.PROVIDER] + [numerics.get(n, device) for n in (variant_names or [m.name for m in numerics.variants(device)])]
     errors = {}
     for mode in modes:
@@ -262,22 +301,25 @@ def freeze(model, contract, device, block, thresholds, out_dir, variant_names=No
         model,
         device_class,
         errors,
-        {"block": block, "capture_sha256": digest, "contract": contract.to_json(), "timings_s": timings},
+        {"block": block, "capture_file": capture_file.name, "capture_sha256": digest, "contract": contract.to_json(),
+         "timings_s": timings},
     )
-    bounds_mod.save(frozen, path, thresholds, force_reason)
+    bounds_mod.save(frozen, path, thresholds, force_reason, companions=[capture_file])
     return frozen
 
 
 def check(model, candidate, contract, frozen, device, block, out_dir, progress=lambda m: None, diagnostics=True) -> GateResult:
-    """The candidate's block against frozen bounds, with attribution, self-consistency and the ULP sweep
-    (``diagnostics=False`` leaves those three out: the verdict alone, as the power report needs it)."""
+    """The candidate's block, replayed from the capture frozen beside its bounds, against those bounds, with
+    attribution, self-consistency and the ULP sweep (``diagnostics=False`` leaves those three out: the verdict
+    alone, as the power report needs it)."""
     timings: dict[str, float] = {}
-    inputs, golden, digest = _golden_of_capture(model, contract, device, block, out_dir, timings, progress)
-    if digest != frozen.provenance.get("capture_sha256"):
-        raise bounds_mod.BoundsError(
-            f"the capture of block {block} (sha256 {digest[:12]}) is not the one {frozen.path} was frozen from "
-            f"({str(frozen.provenance.get('capture_sha256'))[:12]}): the model, contract or provider changed; re-freeze"
-        )
+    digest = frozen.provenance.get("capture_sha256")
+    if not isinstance(digest, str):
+        raise bounds_mod.BoundsError(f"{frozen.path} names no frozen capture of block {block}: freeze it again "
+                                     "(--h3-freeze --h3-freeze-force=REASON)")
+    progress("capture")
+    captured, hashing = load_capture(capture_path(frozen.path), digest, block)
+    inputs, golden = _golden_of_capture(model, captured, hashing, device, block, timings, progress)
     # Taps stay on the device (a release block's are 19 GB per bf16 replay, 38 GB golden's): each replay is
     # reduced to its errors and ULP histograms before the next, so only golden's are held beside one replay's.
     progress("provider")

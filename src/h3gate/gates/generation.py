@@ -302,51 +302,52 @@ def run_generation(
     _quiet(pipe._blocks)  # the running blocks: the public ``blocks`` is a copy
     contract.check_pipeline(pipe)
     image = load_reference_image() if contract.workflow == "fl2va" else None
-    with numerics.activate(mode):
+    with numerics.activate(mode):  # the identity records the switches the transformer calls run under
         identity = _identity(role, seed, model, components_digest, contract, candidate, mode, device)
-        folder = run_folder(out_dir, model, contract, role, seed, identity)
-        with resume.Run(
-            folder,
-            identity,
-            contract.transformer_calls,
-            label=f"{role} seed {seed}",
-            progress=progress,
-            lock_timeout=lock_timeout,
-            verify_last_step=verify_last_step,
-            expected_first_inputs=expected_first_inputs,
-        ) as run:
-            reused = run.finished is not None
-            if not reused or verify_last_step:
-                installed = candidate.installed(transformer) if candidate is not None else contextlib.nullcontext()
-                with installed, run.intercept(transformer, numerics.runner(mode, transformer.forward), _describe):
-                    video, audio = generate(
-                        pipe,
-                        workflow=contract.workflow,
-                        prompt=contract.prompt,
-                        seed=seed,
-                        num_frames=contract.num_frames,
-                        height=contract.height,
-                        width=contract.width,
-                        num_inference_steps=contract.num_inference_steps,
-                        image=image,
-                    )
-            if not reused:
-                _require_finite(video, audio, role, CandidateError if candidate is not None else ValueError)
-                written, notes = metrics.write_artifacts(folder, video, audio, contract.fps, contract.audio_sample_rate)
-                run.finish({name: artifact["sha256"] for name, artifact in written.items()}, {"notes": notes})
-            video, audio = metrics.read_arrays(folder / metrics.ARRAYS_FILE)
-            return Generation(
-                role=role,
-                seed=seed,
-                folder=folder,
-                video=video,
-                audio=audio,
-                artifacts={name: {"path": str(folder / name), "sha256": sha} for name, sha in run.finished["artifacts"].items()},
-                notes=list(run.finished.get("notes", [])),
-                first_call_inputs=run.first_call_inputs,
-                reused=reused,
-                verified_step=run.verified_step,
-            )
+    folder = run_folder(out_dir, model, contract, role, seed, identity)
+    with resume.Run(
+        folder,
+        identity,
+        contract.transformer_calls,
+        label=f"{role} seed {seed}",
+        progress=progress,
+        lock_timeout=lock_timeout,
+        verify_last_step=verify_last_step,
+        expected_first_inputs=expected_first_inputs,
+    ) as run:
+        reused = run.finished is not None
+        if not reused or verify_last_step:
+            installed = candidate.installed(transformer) if candidate is not None else contextlib.nullcontext()
+            call = numerics.scoped(mode, numerics.runner(mode, transformer.forward))
+            with installed, run.intercept(transformer, call, _describe):
+                video, audio = generate(
+                    pipe,
+                    workflow=contract.workflow,
+                    prompt=contract.prompt,
+                    seed=seed,
+                    num_frames=contract.num_frames,
+                    height=contract.height,
+                    width=contract.width,
+                    num_inference_steps=contract.num_inference_steps,
+                    image=image,
+                )
+        if not reused:
+            _require_finite(video, audio, role, CandidateError if candidate is not None else ValueError)
+            written, notes = metrics.write_artifacts(folder, video, audio, contract.fps, contract.audio_sample_rate)
+            run.finish({name: artifact["sha256"] for name, artifact in written.items()}, {"notes": notes})
+        video, audio = metrics.read_arrays(folder / metrics.ARRAYS_FILE)
+        return Generation(
+            role=role,
+            seed=seed,
+            folder=folder,
+            video=video,
+            audio=audio,
+            artifacts={name: {"path": str(folder / name), "sha256": sha} for name, sha in run.finished["artifacts"].items()},
+            notes=list(run.finished.get("notes", [])),
+            first_call_inputs=run.first_call_inputs,
+            reused=reused,
+            verified_step=run.verified_step,
+        )
 
 
 def _require_finite(video: np.ndarray, audio: np.ndarray, role: str, error) -> None:
