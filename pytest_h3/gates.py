@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 
 from pytest_h3 import distribution
@@ -13,7 +15,7 @@ from h3gate.gates import block as block_gate
 from h3gate.gates import generation as generation_gate
 from h3gate.gates import kernel as kernel_gate
 from h3gate.gates import model as model_gate
-from h3gate.verdict import GateResult
+from h3gate.verdict import Check, GateResult
 
 
 def _variant_names(session) -> list[str]:
@@ -22,12 +24,22 @@ def _variant_names(session) -> list[str]:
 
 
 def _model_contract(session):
-    path = session.thresholds / session.model.name / "model-contract.json"
+    path = session.thresholds / session.model_name / "model-contract.json"
     return path, load_model_contract(path)
+
+
+def _absent_bounds(item, gate: str, stem: str) -> GateResult | None:
+    """Bounds that are not there fail the item at once, before a model is built or an input captured."""
+    session = item.session
+    path = bounds_mod.bounds_path(session.thresholds, session.model_name, bounds_mod.device_class(session.device), stem)
+    return None if path.is_file() else item.missing_bounds(bounds_mod.BoundsError(f"no frozen {gate} bounds at {path}"))
 
 
 def _frozen_bounds(item, gate: str, stem: str, contract, contract_path) -> bounds_mod.Bounds | GateResult:
     """The item's frozen bounds, or the failing result that says how to freeze them."""
+    absent = _absent_bounds(item, gate, stem)
+    if absent is not None:
+        return absent
     session = item.session
     device_class = bounds_mod.device_class(session.device)
     path = bounds_mod.bounds_path(session.thresholds, session.model.name, device_class, stem)
@@ -41,25 +53,55 @@ def _frozen_bounds(item, gate: str, stem: str, contract, contract_path) -> bound
 
 
 def run_model(item):
+    """The model gate. Whatever happens, its outcome for this model and candidate is recorded (passed, failed,
+    crashed, missing bounds), so the generation items of the run - maybe waiting on other xdist workers - end at once
+    when it did not pass."""
     session = item.session
-    contract_path, contract = _model_contract(session)
-    force = session.config.getoption("--h3-freeze-force")
     if session.freezing:
+        contract_path, contract = _model_contract(session)
         names = _variant_names(session)
         with item.progress(len(names) + 2) as bar:
             frozen = model_gate.freeze(
-                session.model, contract, session.device, session.thresholds, names, force, progress=bar.step
+                session.model, contract, session.device, session.thresholds, names,
+                session.config.getoption("--h3-freeze-force"), progress=bar.step,
             )
         return item.frozen(frozen)
+    record_model_gate(session, item.node.nodeid, generation_gate.RUNNING)
+    try:
+        result = _check_model(item)
+    except BaseException as error:
+        outcome = generation_gate.DID_NOT_RUN if isinstance(error, pytest.skip.Exception) else generation_gate.CRASHED
+        with contextlib.suppress(Exception):  # the error itself is what the item reports
+            record_model_gate(session, item.node.nodeid, outcome, generation_gate.one_line(error))
+        raise
+    missing = [check for check in result.checks if check.kind == "missing"]
+    if missing:
+        record_model_gate(session, item.node.nodeid, generation_gate.MISSING_BOUNDS, missing[0].detail["reason"])
+    elif result.passed:
+        record_model_gate(session, item.node.nodeid, generation_gate.PASSED, bounds_sha256=result.context["bounds_sha256"])
+    else:
+        record_model_gate(session, item.node.nodeid, generation_gate.FAILED, result.summary(), result.context.get("bounds_sha256", ""))
+    return result
+
+
+def _check_model(item) -> GateResult:
+    session = item.session
+    contract_path, contract = _model_contract(session)
     frozen = _frozen_bounds(item, model_gate.GATE, model_gate.GATE, contract, contract_path)
     if isinstance(frozen, GateResult):
         return frozen
     with item.progress(3) as bar:
-        result = model_gate.check(session.model, session.candidate, contract, frozen, session.device, progress=bar.step)
+        return model_gate.check(session.model, session.candidate, contract, frozen, session.device, progress=bar.step)
+
+
+def record_model_gate(session, nodeid: str, outcome: str, reason: str = "", bounds_sha256: str = "") -> None:
+    """Record a model gate item's outcome for the session's model and candidate, under this run's id."""
     generation_gate.record_model_gate_outcome(
-        session.out, session.model.identity, session.candidate.identity(), result.context["bounds_sha256"], result.passed
+        session.out, session.model_ref(), session.candidate.identity(), outcome, reason=reason,
+        bounds_sha256=bounds_sha256, run=session.run_id,
     )
-    return result
+    if outcome != generation_gate.RUNNING:
+        session.model_gate_recorded.add(nodeid)
 
 
 def run_block(item):
@@ -104,7 +146,7 @@ def run_generation(item):
     seed of the contract (the calibrated bounds are the worst over all of them); the others report it."""
     session = item.session
     name = item.options.get("contract", "generation")
-    contract = generation_contract.load(session.thresholds / session.model.name / f"{name}-contract.json")
+    contract = generation_contract.load(session.thresholds / session.model_name / f"{name}-contract.json")
     seed = item.params["seed"]
     if seed not in contract.seeds:
         raise pytest.UsageError(f"{item.node.nodeid}: seed {seed} is not among {contract.path}'s seeds {list(contract.seeds)}")
@@ -118,19 +160,26 @@ def run_generation(item):
             )
             session.frozen_here.add(path)
         return item.frozen(generation_gate.load_bounds(session.thresholds, session.model, contract, session.device))
+    absent = _absent_bounds(item, contract.name, contract.name)
+    if absent is not None:
+        return absent
     try:
         frozen = generation_gate.load_bounds(session.thresholds, session.model, contract, session.device)
     except bounds_mod.BoundsError as error:
         return item.missing_bounds(error)
     override = session.config.getoption("--h3-skip-model-gate")
     if not override and session.model_gate_scheduled and distribution.worker_index() is not None:
-        # Under xdist the model gate may still run on another worker; in one process it ran before (ORDER).
-        generation_gate.wait_for_model_gate(session.out, session.model.identity, session.candidate.identity(), stream)
-    return generation_gate.check(
-        session.model, session.candidate, contract, frozen, session.device, seed, session.out,
-        verify_last_step=session.config.getoption("--h3-verify-last-step"), progress=stream,
-        model_gate_override=override,
-    )
+        # Under xdist the model gate may still run on another worker (in one process it ran before: ORDER); every
+        # model gate item records its outcome under this run's id, so this ends when it ends, passed or not.
+        generation_gate.wait_for_model_gate(session.out, session.model, session.candidate.identity(), session.run_id, stream)
+    try:
+        return generation_gate.check(
+            session.model, session.candidate, contract, frozen, session.device, seed, session.out,
+            verify_last_step=session.config.getoption("--h3-verify-last-step"), progress=stream,
+            model_gate_override=override,
+        )
+    except generation_gate.ModelGateNotPassed as error:
+        return GateResult(item.kind, item.params, [Check("model_gate", "not passed", 1.0, 0.0, False, {"reason": str(error)})])
 
 
 def run_power(item):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import shlex
 import sys
 
 import pytest
@@ -192,7 +191,46 @@ def pytest_runtest_makereport(item, call):
     gate = gate_of(item)
     if gate is not None:
         report.h3_gate = gate  # rides to the xdist controller with the report
+        if gate["gate"] == "model":
+            _record_unrun_model_gate(item, report)
     return report
+
+
+def _record_unrun_model_gate(item, report) -> None:
+    """A model gate item that ended without its runner recording an outcome (skipped, a setup error, a test body
+    that never ran the gate) records one here: generation items waiting for it must not wait in vain."""
+    h3 = item.config.stash[SESSION_KEY]
+    if h3.freezing or item.nodeid in h3.model_gate_recorded or report.when == "teardown":
+        return
+    if report.when == "setup" and report.passed:
+        return
+    from h3gate.gates import generation as generation_gate
+    from pytest_h3.gates import record_model_gate
+
+    lines = [line for line in report.longreprtext.strip().splitlines() if line.strip()]
+    if report.passed:
+        reason = "the test passed without running the model gate"
+    else:
+        what = "skipped" if report.skipped else ("setup error" if report.when == "setup" else report.outcome)
+        reason = f"{what}: {lines[-1].strip()}" if lines else what
+    try:
+        record_model_gate(h3, item.nodeid, generation_gate.DID_NOT_RUN, reason)
+    except Exception as error:  # never turn a report into a crash of the run
+        h3.summary.append(f"could not record the model gate's outcome for {item.nodeid}: {error}")
+
+
+def pytest_report_header(config):
+    """One line: the state of the frozen files the session's model and device need (``h3gate status`` lists them)."""
+    h3 = config.stash.get(SESSION_KEY, None)
+    if h3 is None:
+        return None
+    try:
+        status = h3.thresholds_status()
+    except Exception as error:  # a header never stops a run; the gates say what is wrong
+        return f"h3 thresholds: unknown ({type(error).__name__}: {error})"
+    hint = "" if status.ok else f" (h3gate status --model {config.getoption('--h3-model')} --device {h3.device} " \
+        f"--thresholds {h3.thresholds} lists them, with the commands that make them)"
+    return f"h3 thresholds: {status.line()}{hint}"
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -260,16 +298,10 @@ def pytest_sessionfinish(session, exitstatus):
 
 def freeze_command(config, nodeid: str) -> str:
     """The exact command that freezes the bounds a gate item needs."""
-    parts = [
-        "pytest",
-        nodeid,
-        "--h3-freeze",
-        f"--h3-model={config.getoption('--h3-model')}",
-        f"--h3-device={config.getoption('--h3-device')}",
-    ]
-    if config.getoption("--h3-thresholds"):
-        parts.append(f"--h3-thresholds={config.getoption('--h3-thresholds')}")
-    return " ".join(shlex.quote(part) for part in parts)
+    from h3gate.status import freeze_command as command
+
+    return command(nodeid, config.getoption("--h3-model"), config.getoption("--h3-device"),
+                   config.getoption("--h3-thresholds"))
 
 
 def terminal_write(config, text: str) -> None:

@@ -7,6 +7,8 @@ keeps them and writes ``results.json`` under ``--h3-out`` when it ends.
 
 from __future__ import annotations
 
+import os
+import uuid
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from h3gate.presets import TRANSFORMER_CONFIGS
 from h3gate.verdict import Check, GateResult
 
 SESSION_KEY = pytest.StashKey["H3Session"]()
+LARGE_FILE = 1 << 26  # bytes from which the header's status uses the digest cache
 
 
 class H3Session:
@@ -33,6 +36,9 @@ class H3Session:
         self.frozen_here: set = set()  # bounds files this (freezing) session wrote
         self.model_gate_scheduled = False  # a model gate item is among this session's items
         self.summary: list[str] = []
+        # One id per test run, shared by its xdist workers: a model gate verdict recorded under it is this run's.
+        self.run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
+        self.model_gate_recorded: set = set()  # model gate items whose outcome this process recorded
         self._model = None
         self._candidate = None
 
@@ -60,6 +66,38 @@ class H3Session:
             except ModelError as error:
                 raise pytest.UsageError(f"--h3-model: {error}") from None
         return self._model
+
+    @property
+    def model_loaded(self) -> bool:
+        return self._model is not None
+
+    @property
+    def model_name(self) -> str:
+        """The model's name (its thresholds folder) without building the model."""
+        from h3gate.status import model_name
+
+        return self._model.name if self._model is not None else model_name(self.config.getoption("--h3-model"))
+
+    def model_ref(self):
+        """The model as the model gate's verdict records name it: its source, and its identity once it is built."""
+        from h3gate.gates.generation import ModelRef
+        from h3gate.status import model_source
+
+        if self._model is not None:
+            return ModelRef(self._model.source, self._model.identity)
+        return ModelRef(model_source(self.config.getoption("--h3-model"), self.config.getoption("--h3-model-seed")))
+
+    def thresholds_status(self):
+        """The state of the model's frozen files on this session's device (:mod:`h3gate.status`); large files
+        (release-size captures) are hashed once per size and mtime, the lock check at session start hashes all."""
+        from h3gate.files import sha256_file
+        from h3gate.model import file_digest
+        from h3gate.status import status
+
+        def digest(path):
+            return file_digest(path) if path.stat().st_size > LARGE_FILE else sha256_file(path)
+
+        return status(self.thresholds, self.config.getoption("--h3-model"), self.device, digest=digest)
 
     @property
     def candidate(self):
@@ -168,8 +206,9 @@ class GateItem:
         from pytest_h3.gates import RUNNERS
 
         result = RUNNERS[self.kind](self)
-        result.context.setdefault("model", {"name": self.session.model.name, "identity": self.session.model.identity,
-                                            "source": self.session.model.source})
+        if self.session.model_loaded:  # an item that failed before building the model (missing bounds) names none
+            result.context.setdefault("model", {"name": self.session.model.name, "identity": self.session.model.identity,
+                                                "source": self.session.model.source})
         result.context["device"] = device_facts(self.session.device)
         self.session.ledger.record_result(self.node.nodeid, result.to_json())
         self.record_property("h3_gate", self.kind)

@@ -80,7 +80,7 @@ class Setup:
 
     def check(self, candidate, seed=42, record=True, **options):
         if record:
-            gate.record_model_gate_outcome(self.out, self.tiny.identity, candidate.identity(), "model-bounds-sha256")
+            gate.record_model_gate_outcome(self.out, self.tiny, candidate.identity(), bounds_sha256="model-bounds-sha256")
         return gate.check(self.tiny, candidate, self.contract, self.frozen, "cpu", seed, self.out, **options)
 
 
@@ -306,7 +306,7 @@ def test_the_preflight_contract_qualifies_the_product_candidate(tiny, tmp_path):
     assert frozen.path.name == "generation-preflight-bounds.json"
     bounds_mod.verify_lock(thresholds)
     for candidate in (ProviderCandidate(), candidates.load("h3_triton")):
-        gate.record_model_gate_outcome(tmp_path / "out", tiny.identity, candidate.identity(), "model-bounds-sha256")
+        gate.record_model_gate_outcome(tmp_path / "out", tiny, candidate.identity(), bounds_sha256="model-bounds-sha256")
         result = gate.check(tiny, candidate, contract, frozen, "cpu", 42, tmp_path / "out")
         assert result.passed, result.report()
     assert 0 < result.metrics["values"]["audio_relative_l2"], "h3_triton's arithmetic is not the provider's"

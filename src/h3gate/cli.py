@@ -72,6 +72,23 @@ def _lock(args) -> int:
     return 0
 
 
+def _status(args) -> int:
+    from h3gate.status import status
+
+    try:
+        report = status(args.thresholds, args.model, args.device)
+    except ValueError as error:
+        return _refuse("status", 2, str(error))
+    print(report.table())
+    return 0 if report.ok else 1
+
+
+STATUS_CODES = """exit codes:
+  0  every file is present and locked
+  1  a file is missing or stale (each such row says the command that makes it)
+  2  usage: bad arguments, an unknown model"""
+
+
 # Evidence -----------------------------------------------------------------------------------------------
 
 # One exit code per kind of refusal, so CI can tell a tampered artifact from a failed gate without parsing text.
@@ -281,6 +298,22 @@ def build_parser() -> argparse.ArgumentParser:
     lock.add_argument("contracts", nargs="+", help="contract files (*-contract.json) under the thresholds folder")
     lock.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")
     lock.set_defaults(run=_lock)
+
+    status = commands.add_parser(
+        "status",
+        help="the frozen files (contracts, bounds, block captures) a model's gates need on this device: present and "
+        "locked, missing or stale",
+        description="Lists, per gate, every file under the thresholds folder that the gates of the model read on the "
+        "device's class: 'present and locked' (its sha256 is its LOCK.json entry), 'missing' (with the command that "
+        "freezes it) or 'stale' (its sha256 differs from LOCK.json, or it is not in it).",
+        epilog=STATUS_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    status.add_argument("--model", "--h3-model", dest="model", default="tiny",
+                        help="tiny (default), small or a checkpoint folder")
+    status.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
+    status.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")
+    status.set_defaults(run=_status)
 
     bench = commands.add_parser(
         "bench",

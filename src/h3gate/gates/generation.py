@@ -43,7 +43,9 @@ Entry points (``progress`` is a text stream for tqdm's step bars, or None for no
   step was verified) and the gating rule's four metrics; ``metrics`` holds every value, per-frame lists and
   both rules; ``context`` the artifacts (path, sha256) of both generations, noise digests, run folders,
   contract and bounds digests and the model gate's pass or override;
-- ``record_model_gate_outcome(out_dir, model_identity, candidate_identity, bounds_sha256, passed)`` after a model gate;
+- ``record_model_gate_outcome(out_dir, model, candidate_identity, outcome, reason=..., bounds_sha256=..., run=...)``
+  whenever a model gate item ends (passed, failed, crashed, missing bounds), and ``wait_for_model_gate`` for a
+  generation item under xdist, which returns as soon as that run's outcome is recorded;
 - ``run_generation(...)`` -> :class:`Generation`, one resumable generation (also the provider cache).
 
 ``check`` raises (rather than fails) what a person must fix: :class:`ModelGateNotPassed`, a
@@ -58,8 +60,10 @@ import datetime
 import functools
 import hashlib
 import json
-import time
 import math
+import os
+import socket
+import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -94,64 +98,138 @@ def _canonical(value):
     return json.loads(json.dumps(value, sort_keys=True))
 
 
-def _pass_path(out_dir, model_identity: str, candidate_identity: dict) -> Path:
-    key = sha256_bytes(json.dumps({"model": model_identity, "candidate": candidate_identity}, sort_keys=True).encode())
+# The model gate's verdict, as the generation gate reads it. Every model gate item records one of these, also
+# when it crashed or had no bounds, so a generation item waiting for it (under xdist) never waits in vain.
+PASSED, FAILED, CRASHED, MISSING_BOUNDS, DID_NOT_RUN, RUNNING = (
+    "passed", "failed", "crashed", "missing bounds", "did not run", "running")
+OUTCOMES = (PASSED, FAILED, CRASHED, MISSING_BOUNDS, DID_NOT_RUN, RUNNING)
+
+
+@dataclass(frozen=True)
+class ModelRef:
+    """A model as the verdict record names it: its source (preset and weight seed, or checkpoint folder), which
+    is known before the model is built, and its identity once it is (a :class:`Model` serves as well)."""
+
+    source: str
+    identity: str | None = None
+
+
+def _pass_path(out_dir, model, candidate_identity: dict) -> Path:
+    key = sha256_bytes(json.dumps({"model": model.source, "candidate": candidate_identity}, sort_keys=True).encode())
     return Path(out_dir) / "gate-passes" / "model" / f"{key}.json"
 
 
+def one_line(error: BaseException) -> str:
+    """An error as one line: its type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
+
+
 def record_model_gate_outcome(
-    out_dir, model_identity: str, candidate_identity: dict, bounds_sha256: str, passed: bool = True
+    out_dir, model, candidate_identity: dict, outcome: str = PASSED, *, reason: str = "", bounds_sha256: str = "",
+    run: str | None = None,
 ) -> Path:
-    """Record the model gate's verdict for this model and candidate identity (under the frozen bounds given)."""
+    """Record the model gate's outcome for ``model`` (a :class:`Model` or :class:`ModelRef`) and this candidate
+    identity, atomically: ``passed``, ``failed``, ``crashed``, ``missing bounds``, ``did not run`` or ``running``
+    (written when the gate starts, with this process's id, so a waiter sees a gate whose worker died). ``reason``
+    says why it did not pass; ``run`` names the test run (one id for all xdist workers of one run)."""
+    if outcome not in OUTCOMES:
+        raise ValueError(f"unknown model gate outcome {outcome!r}; outcomes: {', '.join(OUTCOMES)}")
     candidate_identity = _canonical(candidate_identity)
-    path = _pass_path(out_dir, model_identity, candidate_identity)
+    path = _pass_path(out_dir, model, candidate_identity)
     write_json(
         path,
         {
             "schema": PASS_SCHEMA,
             "gate": "model",
-            "passed": passed,
-            "model_identity": model_identity,
+            "outcome": outcome,
+            "passed": outcome == PASSED,
+            "reason": reason,
+            "model_source": model.source,
+            "model_identity": model.identity,
             "candidate": candidate_identity,
             "bounds_sha256": bounds_sha256,
+            "run": run,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
             "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         },
     )
     return path
 
 
-def wait_for_model_gate(out_dir, model_identity: str, candidate_identity: dict, stream=None, timeout: float = 7200.0) -> None:
-    """Wait until the model gate's verdict for this identity is recorded (another xdist worker may run it)."""
-    path = _pass_path(out_dir, model_identity, _canonical(candidate_identity))
+def _read_record(path: Path) -> dict | None:
+    try:
+        return read_json(path, "model gate record")
+    except FileFormatError:
+        return None  # not there (yet); written atomically, so never half a record
+
+
+def _process_ended(record: dict) -> bool:
+    """A ``running`` record of a process of this host that no longer exists (its worker died)."""
+    if record.get("host") != socket.gethostname() or not isinstance(record.get("pid"), int):
+        return False
+    try:
+        os.kill(record["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
+
+
+def wait_for_model_gate(
+    out_dir, model, candidate_identity: dict, run: str | None = None, stream=None, timeout: float = 7200.0,
+    poll: float = 0.5,
+) -> dict | None:
+    """The model gate's record for this model and candidate once it is final (another xdist worker may run the
+    gate): with ``run``, only a record of that test run counts. A ``running`` record whose process ended is
+    returned as ``crashed``. None when nothing final came within ``timeout`` seconds."""
+    path = _pass_path(out_dir, model, _canonical(candidate_identity))
     deadline = time.monotonic() + timeout
-    if not path.is_file() and stream is not None:
-        stream.write(f"generation gate: waiting for the model gate's verdict ({path.name})\n")
-    while not path.is_file() and time.monotonic() < deadline:
-        time.sleep(1.0)
+    told = False
+    while True:
+        record = _read_record(path)
+        if record is not None and (run is None or record.get("run") == run):
+            if record.get("outcome") != RUNNING:
+                return record
+            if _process_ended(record):
+                return {**record, "outcome": CRASHED, "passed": False,
+                        "reason": f"its process (pid {record['pid']}) ended without a verdict"}
+        if time.monotonic() >= deadline:
+            return None
+        if not told and stream is not None:
+            stream.write(f"generation gate: waiting for the model gate's verdict ({path.name})\n")
+            told = True
+        time.sleep(poll)
 
 
-def require_model_gate_pass(out_dir, model_identity: str, candidate_identity: dict, override: str | None = None) -> dict:
-    """The model gate's recorded pass for this identity, or the override (a reason), or :class:`ModelGateNotPassed`.
+def require_model_gate_pass(out_dir, model, candidate_identity: dict, override: str | None = None) -> dict:
+    """The model gate's recorded pass for this model (a :class:`Model`) and candidate, or the override (a reason),
+    or :class:`ModelGateNotPassed` naming the model gate's outcome.
 
     The returned dict goes into the result's context, so an override is always visible in the evidence."""
     candidate_identity = _canonical(candidate_identity)
-    path = _pass_path(out_dir, model_identity, candidate_identity)
-    if path.is_file():
-        record = read_json(path, "model gate pass record")
-        if record.get("model_identity") == model_identity and record.get("candidate") == candidate_identity:
-            if record.get("passed"):
-                return {"status": "passed", "record": str(path), "bounds_sha256": record.get("bounds_sha256")}
-            if not override:
-                raise ModelGateNotPassed(
-                    f"the model gate FAILED for candidate {candidate_identity.get('name')!r} ({path}): a candidate "
-                    "that fails the model gate is not worth hours of generation; fix that first, or give an override "
-                    "reason, which is recorded in the results"
-                )
+    path = _pass_path(out_dir, model, candidate_identity)
+    record = _read_record(path)
+    if record is not None and record.get("candidate") == candidate_identity:
+        outcome = record.get("outcome", PASSED if record.get("passed") else FAILED)
+        if outcome == PASSED and record.get("model_identity") == model.identity:
+            return {"status": "passed", "record": str(path), "bounds_sha256": record.get("bounds_sha256")}
+        if outcome != PASSED and not override:
+            reason = record.get("reason") or "no reason recorded"
+            if outcome == RUNNING:
+                reason = "its last run did not finish"
+            raise ModelGateNotPassed(
+                f"the model gate did not pass for candidate {candidate_identity.get('name')!r}: {outcome}: {reason} "
+                f"({path}); a candidate that does not pass the model gate is not worth hours of generation: fix that "
+                "first, or give an override reason, which is recorded in the results"
+            )
     if override:
         return {"status": "overridden", "reason": override}
     raise ModelGateNotPassed(
         f"the generation gate runs only after the model gate has passed for the same candidate, and no pass of "
-        f"candidate {candidate_identity.get('name')!r} on model {model_identity[:12]} is recorded under {out_dir}: "
+        f"candidate {candidate_identity.get('name')!r} on model {str(model.identity)[:12]} is recorded under {out_dir}: "
         "run the model gate first (pytest -m gate, same candidate, model and output folder), or give an override "
         "reason, which is recorded in the results"
     )
@@ -516,7 +594,7 @@ def check(
     model_gate_override: str | None = None,
 ) -> GateResult:
     """Qualify ``candidate``'s generation of ``seed`` against the provider's, under frozen bounds."""
-    model_gate = require_model_gate_pass(out_dir, model.identity, candidate.identity(), model_gate_override)
+    model_gate = require_model_gate_pass(out_dir, model, candidate.identity(), model_gate_override)
     if frozen.provenance.get("contract_sha256") != contract.digest:
         raise bounds_mod.BoundsError(f"bounds {frozen.path} were frozen for another contract than {contract.path}")
     timings: dict[str, float] = {}
