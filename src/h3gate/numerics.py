@@ -32,6 +32,11 @@ class Mode:
     blas: str | None = None
     threads: int | None = None
     compiled: bool = False
+    dtypes: tuple[str, ...] | None = None  # the floating dtypes its forced attention backend takes; None: all
+
+    def takes(self, dtype: str) -> bool:
+        """Whether the mode runs at ``dtype`` (flash and cuDNN attention on CUDA take bf16 and fp16 only)."""
+        return self.dtypes is None or dtype in self.dtypes
 
     @property
     def is_variant(self) -> bool:
@@ -53,10 +58,13 @@ _CPU_VARIANTS = (
     Mode("threads-1", "provider on one intra-op thread", threads=1),
     Mode("compiled", "provider under torch.compile (inductor fuses and keeps intermediates in fp32)", compiled=True),
 )
+_HALF = ("bfloat16", "float16")
 _CUDA_VARIANTS = (
-    Mode("sdpa-flash", "provider with SDPA forced to flash attention", attention_backend="_native_flash"),
+    Mode("sdpa-flash", "provider with SDPA forced to flash attention", attention_backend="_native_flash",
+         dtypes=_HALF),
     Mode("sdpa-efficient", "provider with SDPA forced to memory-efficient attention", attention_backend="_native_efficient"),
-    Mode("sdpa-cudnn", "provider with SDPA forced to cuDNN attention", attention_backend="_native_cudnn"),
+    Mode("sdpa-cudnn", "provider with SDPA forced to cuDNN attention", attention_backend="_native_cudnn",
+         dtypes=_HALF),
     Mode("sdpa-math", "provider with SDPA forced to the math kernel", attention_backend="_native_math"),
     Mode("blas-cublaslt", "provider with cuBLASLt as the BLAS library", blas="cublaslt"),
     Mode("compiled", "provider under torch.compile (inductor fuses and keeps intermediates in fp32)", compiled=True),

@@ -15,6 +15,7 @@ the gate see this bug — is the same.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,9 +60,17 @@ class VariantCandidate(Candidate):
         return {"name": self.name, "mode": self.mode.name}
 
     def install(self, transformer):
+        """The mode's switches for as long as it is installed, but its attention backend around the transformer's
+        attention calls only: a generation's VAEs (float32 attention, which flash and cuDNN do not take) keep the
+        default backend, as in the generation gate's own variants; SDPA's backward follows its forward's kernel."""
         stack = contextlib.ExitStack()
-        stack.enter_context(numerics.activate(self.mode))
-        stack.callback(Installation(transformer, PROVIDER_OPS).remove)
+        stack.enter_context(numerics.activate(dataclasses.replace(self.mode, attention_backend=None)))
+        ops = PROVIDER_OPS
+        if self.mode.attention_backend is not None:
+            attention = numerics.scoped(numerics.Mode(self.mode.name, self.mode.description,
+                                                      attention_backend=self.mode.attention_backend), ops.attention)
+            ops = dataclasses.replace(ops, attention=attention)
+        stack.callback(Installation(transformer, ops).remove)
         if self.mode.compiled:
             for block in transformer.transformer_blocks:
                 block.forward = torch.compile(block.forward, dynamic=False)
@@ -202,7 +211,9 @@ def _gate_results(gate, candidate, kind, model, device, contract, model_bounds, 
     """The gate's verdicts on ``candidate`` (several for a gate with several items), or None where it does not apply."""
     if gate == "kernel":
         ops = [candidate.mutant.op] if kind == "mutant" else list(kernel_gate.OPS)
-        return [kernel_gate.check(candidate, op, device, max_examples=examples, shrink=False) for op in ops]
+        # A variant whose forced backend takes half precision only (flash, cuDNN) meets the bf16 items alone.
+        dtypes = tuple(d for d in kernel_gate.DTYPES if kind == "mutant" or candidate.mode.takes(d))
+        return [kernel_gate.check(candidate, op, device, dtypes=dtypes, max_examples=examples, shrink=False) for op in ops]
     if gate == "block":
         return [
             block_gate.check(model, candidate, contract, frozen, device, index, out_dir, diagnostics=False)
