@@ -33,6 +33,7 @@ class Mode:
     threads: int | None = None
     compiled: bool = False
     dtypes: tuple[str, ...] | None = None  # the floating dtypes its forced attention backend takes; None: all
+    every_shape: bool = True  # whether its forced attention backend takes every shape the kernel gate draws
 
     def takes(self, dtype: str) -> bool:
         """Whether the mode runs at ``dtype`` (flash and cuDNN attention on CUDA take bf16 and fp16 only)."""
@@ -64,7 +65,7 @@ _CUDA_VARIANTS = (
          dtypes=_HALF),
     Mode("sdpa-efficient", "provider with SDPA forced to memory-efficient attention", attention_backend="_native_efficient"),
     Mode("sdpa-cudnn", "provider with SDPA forced to cuDNN attention", attention_backend="_native_cudnn",
-         dtypes=_HALF),
+         dtypes=_HALF, every_shape=False),  # "No available kernel" for a one-row sequence
     Mode("sdpa-math", "provider with SDPA forced to the math kernel", attention_backend="_native_math"),
     Mode("blas-cublaslt", "provider with cuBLASLt as the BLAS library", blas="cublaslt"),
     Mode("compiled", "provider under torch.compile (inductor fuses and keeps intermediates in fp32)", compiled=True),
