@@ -35,6 +35,11 @@ class Mode:
     dtypes: tuple[str, ...] | None = None  # the floating dtypes its forced attention backend takes; None: all
     every_shape: bool = True  # whether its forced attention backend takes every shape the kernel gate draws
 
+    @property
+    def sets_switches(self) -> bool:
+        """Whether it changes process-wide state (``compiled`` and ``golden`` change the model, not the process)."""
+        return any(v is not None for v in (self.attention_backend, self.fp32_precision, self.blas, self.threads))
+
     def takes(self, dtype: str) -> bool:
         """Whether the mode runs at ``dtype`` (flash and cuDNN attention on CUDA take bf16 and fp16 only)."""
         return self.dtypes is None or dtype in self.dtypes

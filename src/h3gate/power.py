@@ -60,16 +60,14 @@ class VariantCandidate(Candidate):
         return {"name": self.name, "mode": self.mode.name}
 
     def install(self, transformer):
-        """The mode's switches for as long as it is installed, but its attention backend around the transformer's
-        attention calls only: a generation's VAEs (float32 attention, which flash and cuDNN do not take) keep the
-        default backend, as in the generation gate's own variants; SDPA's backward follows its forward's kernel."""
+        """The provider's ops, each run under the mode's switches, which so reach the transformer's ops alone: a
+        generation's VAEs and text encoder stay the provider's, as in the generation gate's own variant runs. A
+        backward follows its forward's kernels (SDPA) or the defaults (BLAS): provider arithmetic either way."""
         stack = contextlib.ExitStack()
-        stack.enter_context(numerics.activate(dataclasses.replace(self.mode, attention_backend=None)))
         ops = PROVIDER_OPS
-        if self.mode.attention_backend is not None:
-            attention = numerics.scoped(numerics.Mode(self.mode.name, self.mode.description,
-                                                      attention_backend=self.mode.attention_backend), ops.attention)
-            ops = dataclasses.replace(ops, attention=attention)
+        if self.mode.sets_switches:
+            ops = dataclasses.replace(ops, **{f.name: numerics.scoped(self.mode, getattr(ops, f.name))
+                                              for f in dataclasses.fields(ops)})
         stack.callback(Installation(transformer, ops).remove)
         if self.mode.compiled:
             for block in transformer.transformer_blocks:

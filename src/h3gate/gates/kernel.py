@@ -22,7 +22,7 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from h3gate import provider_ops
+from h3gate import numerics, provider_ops
 from h3gate.verdict import Check, GateResult
 
 GATE = "kernel"
@@ -297,9 +297,12 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
     # flash-attention's tests do: the errors then measure the ops' arithmetic, not the rounding of the inputs
     # every run shares.
     reference = _forward_backward(spec.torch_op, built, dtype, "cpu", seed, reference=True)
-    torch_low = _forward_backward(spec.torch_op, built, dtype, device, seed)
-    candidate = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
-    again = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
+    # Two runs are compared bitwise, so torch's own ops run deterministically in both (on CUDA the provider's
+    # index_select and SDPA backwards otherwise add with atomics in any order), and in torch's run beside them.
+    with numerics.deterministic():
+        torch_low = _forward_backward(spec.torch_op, built, dtype, device, seed)
+        candidate = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
+        again = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
     dtype_name = str(dtype).removeprefix("torch.")
     label = f"{spec.name}[{_dims_label(dims)}, {dtype_name}]"
     checks = []
