@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from h3gate import evidence
+from h3gate import signing
 from h3gate.cli import EXIT_CODES, main
 from test_evidence import HALVES, ITEMS, MODEL_ONLY, make_run, rewrite_payload
 
@@ -17,13 +17,13 @@ MODEL_TEST = "tests/gates/test_model.py::test_model"
 @pytest.fixture
 def keys(tmp_path):
     assert main(["keygen", str(tmp_path / "keys")]) == 0
-    return tmp_path / "keys" / evidence.PRIVATE_KEY_NAME, tmp_path / "keys" / evidence.PUBLIC_KEY_NAME
+    return tmp_path / "keys" / signing.PRIVATE_KEY_NAME, tmp_path / "keys" / signing.PUBLIC_KEY_NAME
 
 
 @pytest.fixture
 def signed(tmp_path, keys):
     run = make_run(tmp_path / "run")
-    return run, run.write(run.root, key=evidence.load_private_key(keys[0]))
+    return run, run.write(run.root, key=signing.load_private_key(keys[0]))
 
 
 def verify(capsys, *args) -> tuple[int, str, str]:
@@ -167,7 +167,7 @@ def test_report_of_malformed_evidence(tmp_path, capsys):
 
 def test_merge_signs_and_verifies(tmp_path, keys, capsys):
     run = make_run(tmp_path)
-    key = evidence.load_private_key(keys[0])
+    key = signing.load_private_key(keys[0])
     shards = [str(run.write(tmp_path / f"shard-{i}", nodeids=half, key=key)) for i, half in enumerate(HALVES)]
     assert main(["merge", *shards, "-o", str(tmp_path), "--key", str(keys[0])]) == 0
     assert "merged 2 shards" in capsys.readouterr().out
@@ -177,9 +177,9 @@ def test_merge_signs_and_verifies(tmp_path, keys, capsys):
 
 
 def test_merge_without_a_key_is_unsigned(tmp_path, keys, capsys, monkeypatch):
-    monkeypatch.delenv(evidence.KEY_ENV, raising=False)
+    monkeypatch.delenv(signing.KEY_ENV, raising=False)
     run = make_run(tmp_path)
-    key = evidence.load_private_key(keys[0])
+    key = signing.load_private_key(keys[0])
     shards = [str(run.write(tmp_path / f"shard-{i}", nodeids=half, key=key)) for i, half in enumerate(HALVES)]
     assert main(["merge", *shards, "-o", str(tmp_path)]) == 0
     assert "UNSIGNED" in capsys.readouterr().out

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from h3gate.evidence import open_envelope
+from h3gate.signing import open_envelope
 
 
 @pytest.mark.parametrize("capability", ["default", "avx2"])

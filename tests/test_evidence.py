@@ -1,5 +1,6 @@
 """Evidence: DSSE signing and verification, tamper detection, completeness, redaction, merging of shards."""
 
+import ast
 import base64
 import json
 import platform
@@ -7,6 +8,7 @@ import re
 import shutil
 import socket
 import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,14 +20,15 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.rsa import generate_private_key
 
 from conftest import ROOT, THRESHOLDS
-from h3gate import environment, evidence
+from h3gate import environment, evidence, profiles, signing
 from h3gate.bounds import lock_files
-from h3gate.evidence import EvidenceError, Outcome
+from h3gate.profiles import Outcome
+from h3gate.signing import EvidenceError
 from h3gate.files import sha256_bytes, sha256_file
 from h3gate.verdict import Check, GateResult
 
 HOME = "/home/alice"
-MODEL_ONLY = evidence.Profile("model-only", (evidence.Requirement("model"),))
+MODEL_ONLY = profiles.Profile("model-only", (profiles.Requirement("model"),))
 ENVIRONMENT = {
     "python": "3.11.7",
     "platform": "Linux-x86_64",
@@ -93,7 +96,7 @@ class Run:
             self.thresholds / "tiny" / "model-contract.json",
         ]
 
-    def write(self, out: Path, nodeids=None, key=None, required=evidence.PROFILES["release"], **identity) -> Path:
+    def write(self, out: Path, nodeids=None, key=None, required=profiles.PROFILES["release"], **identity) -> Path:
         nodeids = list(self.outcomes) if nodeids is None else nodeids
         return evidence.write_evidence(
             out,
@@ -130,7 +133,7 @@ def make_run(root: Path, timing: float = 1.0, outcome: dict | None = None, faili
 
 
 def statement_of(path: Path) -> dict:
-    return evidence.open_envelope(path).statement()
+    return evidence.statement_of(signing.open_envelope(path))
 
 
 def rewrite_payload(path: Path, edit) -> None:
@@ -159,18 +162,54 @@ def run(tmp_path):
     return make_run(tmp_path)
 
 
+# Layering ---------------------------------------------------------------------------------------------------
+
+
+def _imported_modules(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{alias.name}" for alias in node.names}
+    return found
+
+
+def test_profiles_and_the_plugins_ledger_and_report_load_without_cryptography():
+    code = (
+        "import sys, h3gate.profiles, pytest_h3.ledger, pytest_h3.report; "
+        "assert 'cryptography' not in sys.modules, sorted(m for m in sys.modules if m.startswith('h3gate'))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_only_signing_imports_cryptography_and_imports_run_one_way():
+    importers = sorted(
+        path.relative_to(ROOT).as_posix()
+        for folder in ("src", "pytest_h3", "kernels")
+        for path in (ROOT / folder).rglob("*.py")
+        if any(name.split(".")[0] == "cryptography" for name in _imported_modules(path))
+    )
+    assert importers == ["src/h3gate/signing.py"]
+    package = ROOT / "src" / "h3gate"
+    assert not {"h3gate.signing", "h3gate.evidence"} & _imported_modules(package / "profiles.py")
+    assert not {"h3gate.profiles", "h3gate.evidence"} & _imported_modules(package / "signing.py")
+
+
 # DSSE ------------------------------------------------------------------------------------------------------
 
 
 def test_pae_matches_the_dsse_spec_example():
     assert (
-        evidence.pae("http://example.com/HelloWorld", b"hello world")
+        signing.pae("http://example.com/HelloWorld", b"hello world")
         == b"DSSEv1 29 http://example.com/HelloWorld 11 hello world"
     )
 
 
 def test_pae_counts_bytes_not_characters():
-    assert evidence.pae("t", "é".encode()) == b"DSSEv1 1 t 2 " + "é".encode()
+    assert signing.pae("t", "é".encode()) == b"DSSEv1 1 t 2 " + "é".encode()
 
 
 def test_signed_round_trip(run, key):
@@ -338,7 +377,7 @@ def test_a_skipped_gate_the_profile_does_not_require_leaves_ci_passed(tmp_path):
     with pytest.raises(
         EvidenceError, match="profile release: kernel: tests/gates/test_kernel.py::test_kernel was skipped"
     ):
-        evidence.verify(path, required=evidence.PROFILES["release"])
+        evidence.verify(path, required=profiles.PROFILES["release"])
 
 
 def test_a_crash_of_any_gate_item_is_incomplete_even_when_not_required(tmp_path):
@@ -376,12 +415,12 @@ def test_the_ci_profile_requires_every_gate_the_tiny_suite_runs():
     kinds = set()
     for path in (ROOT / "tests" / "gates").glob("test_*.py"):
         kinds |= set(re.findall(r"h3_gate\(\s*[\"'](\w+)[\"']", path.read_text()))
-    assert kinds and {r.gate for r in evidence.PROFILES["ci"].requirements} == kinds
+    assert kinds and {r.gate for r in profiles.PROFILES["ci"].requirements} == kinds
 
 
 def test_unknown_profile_names_the_profiles():
     with pytest.raises(ValueError, match="profiles: ci, release"):
-        evidence.profile("nightly")
+        profiles.profile("nightly")
 
 
 # Redaction, sums, JSON safety ------------------------------------------------------------------------------
@@ -448,19 +487,19 @@ def test_non_finite_metrics_become_strict_json(run):
 
 
 def test_keygen_writes_a_private_key_only_its_owner_reads(tmp_path, monkeypatch):
-    private, public = evidence.keygen(tmp_path)
+    private, public = signing.keygen(tmp_path)
     assert private.stat().st_mode & 0o777 == 0o600
-    key = evidence.load_private_key(private)
-    assert evidence.keyid(key.public_key()) == evidence.keyid(evidence.load_public_key(public))
+    key = signing.load_private_key(private)
+    assert signing.keyid(key.public_key()) == signing.keyid(signing.load_public_key(public))
     with pytest.raises(FileExistsError, match="never overwritten"):
-        evidence.keygen(tmp_path)
-    monkeypatch.setenv(evidence.KEY_ENV, private.read_text())
-    assert evidence.keyid(evidence.load_private_key().public_key()) == evidence.keyid(key.public_key())
-    monkeypatch.setenv(evidence.KEY_ENV, str(private))
-    with pytest.raises(evidence.SigningKeyError, match="PEM text .* not a path"):
-        evidence.load_private_key()
-    monkeypatch.delenv(evidence.KEY_ENV)
-    assert evidence.load_private_key() is None
+        signing.keygen(tmp_path)
+    monkeypatch.setenv(signing.KEY_ENV, private.read_text())
+    assert signing.keyid(signing.load_private_key().public_key()) == signing.keyid(key.public_key())
+    monkeypatch.setenv(signing.KEY_ENV, str(private))
+    with pytest.raises(signing.SigningKeyError, match="PEM text .* not a path"):
+        signing.load_private_key()
+    monkeypatch.delenv(signing.KEY_ENV)
+    assert signing.load_private_key() is None
 
 
 def test_a_key_of_another_algorithm_is_refused(tmp_path):
@@ -469,8 +508,8 @@ def test_a_key_of_another_algorithm_is_refused(tmp_path):
     path.write_bytes(
         rsa.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     )
-    with pytest.raises(evidence.SigningKeyError, match="signed with Ed25519; create one with `h3gate keygen DIR`"):
-        evidence.load_private_key(path)
+    with pytest.raises(signing.SigningKeyError, match="signed with Ed25519; create one with `h3gate keygen DIR`"):
+        signing.load_private_key(path)
 
 
 # Merging ----------------------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ import json
 import pytest
 from matplotlib.image import imread
 
-from h3gate import evidence, report
+from h3gate import report, signing
 from h3gate.verdict import Check
 from test_evidence import MODEL_ONLY, make_run
 
@@ -59,10 +59,10 @@ def test_absent_frame_series_are_not_plotted(tmp_path):
 
 def test_signed_and_incomplete_evidence_say_so(tmp_path):
     run = make_run(tmp_path, outcome={SEED43: "skipped"})
-    key = evidence.Ed25519PrivateKey.generate()
+    key = signing.PrivateKey.generate()
     text, _ = render(run, [MODEL_TEST, SEED43], tmp_path, key=key, required=MODEL_ONLY)
     assert text.startswith("# H3 qualification: PASSED")
-    assert f"Signed by key `{evidence.keyid(key.public_key())[:16]}`" in text and "UNSIGNED" not in text
+    assert f"Signed by key `{signing.keyid(key.public_key())[:16]}`" in text and "UNSIGNED" not in text
     assert f"| `{SEED43}` | generation[seed=43] | skipped | 0 |  |" in text
 
     text, _ = render(run, [MODEL_TEST, SEED43], tmp_path)

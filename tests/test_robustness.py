@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import THRESHOLDS
-from h3gate import bounds, evidence, files, generation_contract, resume
+from h3gate import bounds, evidence, files, generation_contract, resume, signing
 from safetensors.torch import save
 
 from h3gate.block_program import PROVIDER_OPS, Installation
@@ -61,10 +61,10 @@ def _loaders(tmp_path):
             (FileFormatError, resume.ResumeError),
         ),
         "evidence": (
-            {"payloadType": evidence.PAYLOAD_TYPE, "payload": "e30=", "signatures": []},
+            {"payloadType": signing.PAYLOAD_TYPE, "payload": "e30=", "signatures": []},
             tmp_path / "evidence.json",
-            lambda path: evidence.open_envelope(path).statement(),
-            (evidence.EvidenceError,),
+            lambda path: evidence.statement_of(signing.open_envelope(path)),
+            (signing.EvidenceError,),
         ),
     }
 

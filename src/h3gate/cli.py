@@ -129,7 +129,7 @@ def _refuse(command: str, code: int, reason: str) -> int:
 
 
 def _keygen(args) -> int:
-    from h3gate.evidence import keygen, keyid, load_public_key
+    from h3gate.signing import keygen, keyid, load_public_key
 
     try:
         private, public = keygen(Path(args.out_dir))
@@ -141,26 +141,26 @@ def _keygen(args) -> int:
 
 
 def _verify(args) -> int:
-    from h3gate import evidence
+    from h3gate import evidence, profiles, signing
 
     for path, what in ((args.evidence, "evidence"), (args.root, "--root"), (args.thresholds, "--thresholds")):
         if path is not None and not Path(path).exists():
             return _refuse("verify", 2, f"{what} {path} does not exist")
     try:
-        key = evidence.load_public_key(args.key) if args.key else None
-        required = evidence.profile(args.profile) if args.profile else None
+        key = signing.load_public_key(args.key) if args.key else None
+        required = profiles.profile(args.profile) if args.profile else None
     except ValueError as error:
         return _refuse("verify", 2, str(error))
     try:
         outcome = evidence.verify(Path(args.evidence), key, args.thresholds, args.root, required)
-    except evidence.EvidenceError as error:
+    except signing.EvidenceError as error:
         return _refuse("verify", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
     print(outcome.line())
     return 0
 
 
 def _report(args) -> int:
-    from h3gate.evidence import EvidenceError
+    from h3gate.signing import EvidenceError
     from h3gate.report import write_report
 
     evidence = Path(args.evidence)
@@ -175,20 +175,20 @@ def _report(args) -> int:
 
 
 def _merge(args) -> int:
-    from h3gate import evidence
+    from h3gate import evidence, signing
 
     for shard in args.shards:
         if not Path(shard).exists():
             return _refuse("merge", 2, f"shard {shard} does not exist")
     try:
-        key = evidence.load_private_key(args.key)
+        key = signing.load_private_key(args.key)
     except ValueError as error:
         return _refuse("merge", 2, str(error))
     try:
         path = evidence.merge([Path(shard) for shard in args.shards], Path(args.out), key)
-    except evidence.EvidenceError as error:
+    except signing.EvidenceError as error:
         return _refuse("merge", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
-    signed = f"signed, keyid {evidence.keyid(key.public_key())[:16]}" if key else "UNSIGNED"
+    signed = f"signed, keyid {signing.keyid(key.public_key())[:16]}" if key else "UNSIGNED"
     print(f"merged {len(args.shards)} shards into {path} ({signed})")
     return 0
 

@@ -2,18 +2,15 @@
 
 The record is an in-toto Statement v1 whose predicate is the in-toto test-result predicate v0.1, wrapped in
 a DSSE envelope signed with Ed25519. Those are the formats supply-chain tools already read, so a reviewer
-can check evidence with any DSSE verifier, not only with this tool. Ed25519 comes from ``cryptography``:
-the maintained OpenSSL binding, shipped as wheels everywhere, and it reads the PEM keys ``keygen`` writes.
+can check evidence with any DSSE verifier, not only with this tool. The envelope and the keys are
+:mod:`h3gate.signing`'s; the profiles and the verdict computed from the tests are :mod:`h3gate.profiles`'.
 
 Layout of the statement (every list sorted and every test keyed by node id, so a merge of shards equals
 the unsharded run's statement, timings aside):
 
 - ``subject``: every artifact, named by its path relative to the evidence file's folder, with its sha256;
-- ``predicate.result``: ``PASSED``, ``FAILED`` or ``INCOMPLETE``. The test-result predicate knows PASSED,
-  WARNED and FAILED; INCOMPLETE is this tool's own value for a run that lacks a verdict on a gate its
-  completeness profile requires (skipped, deselected, crashed). Such a run must never read as PASSED, and
-  WARNED would say it passed with remarks. Passes with non-discriminating bounds are listed in
-  ``warnedTests`` and still give PASSED;
+- ``predicate.result``: ``PASSED``, ``FAILED`` or ``INCOMPLETE``, with the passed, warned and failed tests,
+  computed from the tests by :func:`h3gate.profiles.tally` (INCOMPLETE and warned are explained there);
 - ``predicate.configuration``: resource descriptors of the bounds and contract files (named as in the
   thresholds lock), the model identity and the candidate identity;
 - ``predicate.h3``: every test's pytest outcome, gate, params and full GateResult JSON; the completeness
@@ -23,183 +20,40 @@ the unsharded run's statement, timings aside):
 Non-finite numbers are written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, because the
 payload must be JSON that every verifier parses. Home folders, host and user names are redacted inside the
 statement before signing; ``redaction.json`` lists the redacted fields, never their values.
-
-The signing key comes from a PEM file path, or else from ``H3GATE_SIGN_KEY``, which holds the PEM *text*
-(CI secret stores hand out contents, not files); a path in the variable is refused, not guessed at.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
-
 from h3gate.bounds import BoundsError, verify_lock
-from h3gate.files import FileFormatError, dumps, read_json, sha256_bytes, sha256_file, write_atomic
+from h3gate.files import FileFormatError, dumps, sha256_bytes, sha256_file, write_atomic
+from h3gate.profiles import FAILED, INCOMPLETE, OUTCOMES, Outcome, Profile, tally
+from h3gate.signing import (
+    EVIDENCE_NAME,
+    Envelope,
+    EvidenceError,
+    PrivateKey,
+    PublicKey,
+    canonical,
+    keyid,
+    open_envelope,
+    sign,
+)
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://in-toto.io/attestation/test-result/v0.1"
-PAYLOAD_TYPE = "application/vnd.in-toto+json"
 SCHEMA = "h3gate.evidence/1"
 REDACTION_SCHEMA = "h3gate.redaction/1"
-EVIDENCE_NAME = "evidence.json"
 SUMS_NAME = "SHA256SUMS"
 REDACTION_NAME = "redaction.json"
-PRIVATE_KEY_NAME = "h3gate-signing-key.pem"
-PUBLIC_KEY_NAME = "h3gate-signing-key.pub.pem"
-KEY_ENV = "H3GATE_SIGN_KEY"
-PASSED, FAILED, INCOMPLETE = "PASSED", "FAILED", "INCOMPLETE"
-OUTCOMES = ("passed", "failed", "skipped", "deselected", "error")
 PLACEHOLDERS = {"home": "~", "host": "<host>", "user": "<user>"}
 ROLES = ("bounds", "contract")  # what a run is measured against: <gate>-bounds.json, <gate>-contract.json
-
-
-class EvidenceError(Exception):
-    """Evidence that does not hold up. ``kind`` says which check refused it (the CLI maps it to an exit code):
-    malformed, signature, unsigned, digest, lock, incomplete, failed, conflict."""
-
-    def __init__(self, kind: str, reason: str):
-        self.kind = kind
-        self.reason = reason
-        super().__init__(reason)
-
-
-class SigningKeyError(ValueError):
-    """A signing or verification key that cannot be used; the message names its source and the fix."""
-
-
-# Completeness profiles ------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Requirement:
-    """A gate the profile requires; a test matches when its gate is ``gate`` and its params include ``params``."""
-
-    gate: str
-    params: dict = field(default_factory=dict)
-
-    def matches(self, gate: str, params: dict) -> bool:
-        return gate == self.gate and all(params.get(key) == value for key, value in self.params.items())
-
-    def label(self) -> str:
-        params = ",".join(f"{key}={value}" for key, value in sorted(self.params.items()))
-        return self.gate + (f"[{params}]" if params else "")
-
-    def to_json(self) -> dict:
-        return {"gate": self.gate, "params": self.params}
-
-
-@dataclass(frozen=True)
-class Profile:
-    name: str
-    requirements: tuple[Requirement, ...]
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "required": [r.to_json() for r in self.requirements]}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "Profile":
-        return cls(data["name"], tuple(Requirement(r["gate"], r["params"]) for r in data["required"]))
-
-
-# ``ci`` is what the tiny gate suite under tests/gates runs; it grows with that suite (a test checks they agree).
-PROFILES = {
-    "release": Profile(
-        "release",
-        (
-            Requirement("kernel"),
-            Requirement("block"),
-            Requirement("model"),
-            *(Requirement("generation", {"seed": seed}) for seed in (42, 43, 44)),
-        ),
-    ),
-    "ci": Profile(
-        "ci",
-        (
-            Requirement("kernel"),
-            Requirement("block"),
-            Requirement("model"),
-            *(Requirement("generation", {"seed": seed}) for seed in (42, 43, 44)),
-            Requirement("power"),
-        ),
-    ),
-}
-
-
-def profile(name: str) -> Profile:
-    if name not in PROFILES:
-        raise ValueError(f"unknown completeness profile {name!r}; profiles: {', '.join(sorted(PROFILES))}")
-    return PROFILES[name]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """What pytest made of one gate item: ``outcome`` is one of OUTCOMES (``error``: the item errored or its
-    worker died), ``gate`` and ``params`` come from the item's marker, so a skipped item still names its gate."""
-
-    outcome: str
-    gate: str
-    params: dict = field(default_factory=dict)
-
-
-def verdict(test: dict) -> str:
-    """passed, warned or failed when the gate reached a verdict; else skipped, deselected or crashed. A pytest
-    failure counts as failed even where the gate's checks passed: the test asserted more than the gate."""
-    outcome, result = test["outcome"], test["result"]
-    if outcome in ("skipped", "deselected"):
-        return outcome
-    if outcome == "error" or result is None:
-        return "crashed"
-    if outcome == "failed" or not result["passed"]:
-        return "failed"
-    if result["context"].get("non_discriminating"):
-        return "warned"
-    return "passed"
-
-
-def completeness(tests: dict[str, dict], required: Profile) -> dict:
-    """Whether every required gate reached a verdict. A crashed item of any gate leaves the run incomplete:
-    its verdict is unknown. A skipped or deselected item matters only where the profile requires its gate."""
-    verdicts = {nodeid: verdict(test) for nodeid, test in tests.items()}
-    problems = [
-        f"{nodeid}: crashed without a gate verdict" for nodeid in sorted(tests) if verdicts[nodeid] == "crashed"
-    ]
-    for requirement in required.requirements:
-        matching = sorted(n for n, t in tests.items() if requirement.matches(t["gate"], t["params"]))
-        if not matching:
-            problems.append(f"{requirement.label()}: no test item of this gate ran (not collected or not recorded)")
-        for nodeid in matching:
-            if verdicts[nodeid] in ("skipped", "deselected"):
-                problems.append(f"{requirement.label()}: {nodeid} was {verdicts[nodeid]}")
-    return {"complete": not problems, "problems": problems}
-
-
-def tally(tests: dict[str, dict], required: Profile) -> dict:
-    """The predicate's verdict fields, computed from the tests (never taken from anywhere else). A failed test
-    outranks a missing verdict: FAILED is a finding about the candidate, INCOMPLETE only a gap in the run."""
-    lists = {"passed": [], "warned": [], "failed": []}
-    for nodeid in sorted(tests):
-        found = verdict(tests[nodeid])
-        if found in lists:
-            lists[found].append(nodeid)
-    outcome = completeness(tests, required)
-    result = FAILED if lists["failed"] else PASSED if outcome["complete"] else INCOMPLETE
-    return {
-        "result": result,
-        "passedTests": lists["passed"],
-        "warnedTests": lists["warned"],
-        "failedTests": lists["failed"],
-        "completeness": outcome,
-    }
 
 
 # Redaction ------------------------------------------------------------------------------------------------
@@ -411,106 +265,31 @@ def build_statement(
 # DSSE ------------------------------------------------------------------------------------------------------
 
 
-def canonical(value) -> bytes:
-    """The statement's bytes: compact JSON, sorted keys, UTF-8, no NaN (see json_safe)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode()
-
-
-def pae(payload_type: str, payload: bytes) -> bytes:
-    """DSSE v1 pre-authentication encoding: "DSSEv1" SP LEN(type) SP type SP LEN(body) SP body."""
-    kind = payload_type.encode()
-    return b"DSSEv1 %d %s %d %s" % (len(kind), kind, len(payload), payload)
-
-
-def keyid(public_key: Ed25519PublicKey) -> str:
-    """sha256 hex of the raw 32-byte public key."""
-    raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return sha256_bytes(raw)
-
-
-def seal(statement: dict, key: Ed25519PrivateKey | None) -> dict:
-    """The DSSE envelope of ``statement``, its signer recorded inside it; no key: no signatures, signer null."""
+def seal(statement: dict, key: PrivateKey | None) -> dict:
+    """The DSSE envelope of ``statement``, its signer recorded inside it (so a signature cannot be added or
+    stripped unnoticed); no key: no signatures, signer null."""
     statement = {**statement, "predicate": {**statement["predicate"], "h3": dict(statement["predicate"]["h3"])}}
     statement["predicate"]["h3"]["signer"] = None if key is None else keyid(key.public_key())
-    payload = canonical(statement)
-    signatures = []
-    if key is not None:
-        signature = key.sign(pae(PAYLOAD_TYPE, payload))
-        signatures.append({"keyid": keyid(key.public_key()), "sig": base64.b64encode(signature).decode()})
-    return {"payloadType": PAYLOAD_TYPE, "payload": base64.b64encode(payload).decode(), "signatures": signatures}
+    return sign(canonical(statement), key)
 
 
-def _b64decode(text, what: str) -> bytes:
-    """DSSE allows standard or URL-safe base64."""
-    if not isinstance(text, str):
-        raise EvidenceError("malformed", f"{what} is not a base64 string")
+def statement_of(envelope: Envelope) -> dict:
+    """The statement an envelope carries, its fields checked and its recorded signer matching the envelope's."""
     try:
-        return base64.b64decode(text.replace("-", "+").replace("_", "/"), validate=True)
-    except (binascii.Error, ValueError) as error:
-        raise EvidenceError("malformed", f"{what} is not valid base64 ({error})") from None
-
-
-@dataclass
-class Envelope:
-    path: Path
-    payload: bytes
-    signatures: list[dict]
-
-    def statement(self) -> dict:
-        try:
-            statement = json.loads(self.payload)
-        except (json.JSONDecodeError, UnicodeDecodeError) as error:
-            raise EvidenceError("malformed", f"{self.path}: the payload is not JSON ({error})") from None
-        check_statement(statement, self.path)
-        signer = statement["predicate"]["h3"]["signer"]
-        signed_by = sorted(s["keyid"] for s in self.signatures)
-        if (signer is None) != (not signed_by) or (signer is not None and signer not in signed_by):
-            raise EvidenceError(
-                "malformed",
-                f"{self.path}: the statement names signer {signer} but the envelope is signed by "
-                f"{signed_by or 'nobody'} "
-                "(signatures added or stripped after sealing)",
-            )
-        return statement
-
-    def check_signature(self, public_key: Ed25519PublicKey) -> str:
-        """The keyid whose signature verifies, or an EvidenceError (unsigned / signature)."""
-        wanted = keyid(public_key)
-        if not self.signatures:
-            raise EvidenceError("unsigned", f"{self.path} is unsigned, but a key was given: the run was not signed")
-        matching = [s for s in self.signatures if s["keyid"] == wanted]
-        if not matching:
-            others = ", ".join(s["keyid"][:16] for s in self.signatures)
-            raise EvidenceError("signature", f"{self.path} has no signature by key {wanted[:16]} (signed by {others})")
-        try:
-            public_key.verify(_b64decode(matching[0]["sig"], "signature"), pae(PAYLOAD_TYPE, self.payload))
-        except InvalidSignature:
-            raise EvidenceError(
-                "signature",
-                f"{self.path}: signature by key {wanted[:16]} does not verify: the statement was changed after signing",
-            ) from None
-        return wanted
-
-
-def open_envelope(path: Path) -> Envelope:
-    """The DSSE envelope at ``path`` (a file, or a folder holding evidence.json), structure checked."""
-    path = Path(path)
-    if path.is_dir():
-        path = path / EVIDENCE_NAME
-    try:
-        data = read_json(path, "DSSE evidence envelope")
-    except FileFormatError as error:
-        raise EvidenceError("malformed", str(error)) from None
-    if data.get("payloadType") != PAYLOAD_TYPE:
+        statement = json.loads(envelope.payload)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise EvidenceError("malformed", f"{envelope.path}: the payload is not JSON ({error})") from None
+    check_statement(statement, envelope.path)
+    signer = statement["predicate"]["h3"]["signer"]
+    signed_by = envelope.signed_by()
+    if (signer is None) != (not signed_by) or (signer is not None and signer not in signed_by):
         raise EvidenceError(
-            "malformed", f"{path}: payloadType is {data.get('payloadType')!r}, expected {PAYLOAD_TYPE!r}"
+            "malformed",
+            f"{envelope.path}: the statement names signer {signer} but the envelope is signed by "
+            f"{signed_by or 'nobody'} "
+            "(signatures added or stripped after sealing)",
         )
-    signatures = data.get("signatures")
-    if not isinstance(signatures, list) or not all(
-        isinstance(s, dict) and isinstance(s.get("keyid"), str) and isinstance(s.get("sig"), str) for s in signatures
-    ):
-        raise EvidenceError("malformed", f"{path}: signatures must be a list of {{keyid, sig}} strings")
-    return Envelope(path, _b64decode(data.get("payload"), f"{path}: payload"), signatures)
+    return statement
 
 
 def check_statement(statement, path: Path) -> None:
@@ -578,82 +357,10 @@ def check_statement(statement, path: Path) -> None:
         raise EvidenceError("malformed", f"{path}: predicate.h3.profile is not a profile ({error})") from None
 
 
-# Keys ------------------------------------------------------------------------------------------------------
-
-
-def keygen(out_dir: Path) -> tuple[Path, Path]:
-    """A new Ed25519 key pair: private PEM (mode 0600, from its first byte on disk) and public PEM."""
-    out_dir = Path(out_dir)
-    private_path, public_path = out_dir / PRIVATE_KEY_NAME, out_dir / PUBLIC_KEY_NAME
-    for path in (private_path, public_path):
-        if path.exists():
-            raise FileExistsError(f"{path} exists: a signing key is never overwritten; choose another folder")
-    key = Ed25519PrivateKey.generate()
-    private_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    public_pem = key.public_key().public_bytes(
-        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-    )
-    write_atomic(private_path, private_pem)  # a mkstemp file: 0600 before any byte is written
-    os.chmod(private_path, 0o600)
-    write_atomic(public_path, public_pem)
-    os.chmod(public_path, 0o644)
-    return private_path, public_path
-
-
-def _private_from_pem(pem: bytes, source: str) -> Ed25519PrivateKey:
-    try:
-        key = serialization.load_pem_private_key(pem, password=None)
-    except (ValueError, TypeError, UnsupportedAlgorithm) as error:
-        raise SigningKeyError(
-            f"{source}: not an unencrypted PEM private key ({error}); create one with `h3gate keygen DIR`"
-        ) from None
-    if not isinstance(key, Ed25519PrivateKey):
-        raise SigningKeyError(
-            f"{source}: a {type(key).__name__}, but evidence is signed with Ed25519; "
-            "create one with `h3gate keygen DIR`"
-        )
-    return key
-
-
-def load_private_key(path: str | os.PathLike | None = None) -> Ed25519PrivateKey | None:
-    """The signing key from the PEM file ``path``; without one, from ``H3GATE_SIGN_KEY`` (PEM text); else None."""
-    if path is not None:
-        path = Path(path)
-        try:
-            return _private_from_pem(path.read_bytes(), str(path))
-        except OSError as error:
-            raise SigningKeyError(f"{path}: cannot read the signing key ({error})") from None
-    text = os.environ.get(KEY_ENV)
-    if not text:
-        return None
-    if "-----BEGIN" not in text:
-        raise SigningKeyError(
-            f"{KEY_ENV} must hold the PEM text of an Ed25519 private key, not a path; pass a key file as a path instead"
-        )
-    return _private_from_pem(text.encode(), KEY_ENV)
-
-
-def load_public_key(path: str | os.PathLike) -> Ed25519PublicKey:
-    path = Path(path)
-    try:
-        key = serialization.load_pem_public_key(path.read_bytes())
-    except OSError as error:
-        raise SigningKeyError(f"{path}: cannot read the public key ({error})") from None
-    except (ValueError, UnsupportedAlgorithm) as error:
-        raise SigningKeyError(
-            f"{path}: not a PEM public key ({error}); `h3gate keygen` writes {PUBLIC_KEY_NAME}"
-        ) from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise SigningKeyError(f"{path}: a {type(key).__name__}, but evidence is signed with Ed25519")
-    return key
-
-
 # Writing -------------------------------------------------------------------------------------------------
 
 
-def write_sealed(out_dir: Path, statement: dict, sign_key: Ed25519PrivateKey | None) -> Path:
+def write_sealed(out_dir: Path, statement: dict, sign_key: PrivateKey | None) -> Path:
     """evidence.json (the envelope), redaction.json and SHA256SUMS (of the subjects and those two) in ``out_dir``."""
     out_dir = Path(out_dir)
     evidence = out_dir / EVIDENCE_NAME
@@ -682,7 +389,7 @@ def write_evidence(
     model: dict,
     candidate: dict,
     environment: dict,
-    sign_key: Ed25519PrivateKey | None = None,
+    sign_key: PrivateKey | None = None,
 ) -> Path:
     """The session-end call: build, redact, seal (signed when ``sign_key`` is given) and write the evidence.
     Subjects are named relative to ``out_dir``, where evidence.json goes. Returns the evidence.json path."""
@@ -713,7 +420,7 @@ class Verification:
 
 def verify(
     evidence: Path,
-    public_key: Ed25519PublicKey | None = None,
+    public_key: PublicKey | None = None,
     thresholds: Path | None = None,
     root: Path | None = None,
     required: Profile | None = None,
@@ -724,7 +431,7 @@ def verify(
     only without ``public_key`` and is reported as unsigned."""
     envelope = open_envelope(evidence)
     signer = envelope.check_signature(public_key) if public_key is not None else None
-    statement = envelope.statement()
+    statement = statement_of(envelope)
     h3 = statement["predicate"]["h3"]
     if signer is not None:
         signature = f"verified (keyid {signer[:16]})"
@@ -788,7 +495,7 @@ def verify(
 # Merging -------------------------------------------------------------------------------------------------
 
 
-def merge(shards: list[Path], out_dir: Path, sign_key: Ed25519PrivateKey | None = None) -> Path:
+def merge(shards: list[Path], out_dir: Path, sign_key: PrivateKey | None = None) -> Path:
     """Join the evidence of shards into one statement in ``out_dir``, equal to the unsharded run's (timings
     aside). Shards must share model, candidate, bounds, contracts and profile, and run disjoint tests; the
     difference is named otherwise. Subject names are rebased onto ``out_dir``. With ``sign_key`` every shard
@@ -806,7 +513,7 @@ def merge(shards: list[Path], out_dir: Path, sign_key: Ed25519PrivateKey | None 
         envelope = open_envelope(shard)
         if sign_key is not None:
             envelope.check_signature(sign_key.public_key())
-        statement = envelope.statement()
+        statement = statement_of(envelope)
         predicate, h3 = statement["predicate"], statement["predicate"]["h3"]
         if first is None:
             first = (envelope.path, predicate["configuration"], h3["profile"])

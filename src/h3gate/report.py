@@ -17,7 +17,9 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from h3gate.evidence import Profile, Requirement, open_envelope, verdict
+from h3gate.evidence import statement_of
+from h3gate.profiles import Profile, Requirement, verdict
+from h3gate.signing import open_envelope
 from h3gate.files import write_atomic
 
 WORST = 10
@@ -269,5 +271,5 @@ def write_report(evidence: Path, out: Path) -> Path:
     envelope = open_envelope(evidence)
     out = Path(out)
     link = f"{out.stem}-plots"
-    write_atomic(out, render(envelope.statement(), envelope.signatures, out.parent / link, link))
+    write_atomic(out, render(statement_of(envelope), envelope.signatures, out.parent / link, link))
     return out

@@ -1,0 +1,141 @@
+"""Completeness profiles and verdicts: which gates a run must reach a verdict on, and what its tests add up to.
+
+Kept apart from signing and statement building so the plugin's ledger and report can name outcomes and
+profiles without loading a cryptography library. The verdict of a run is computed here and only here, from
+its tests: :mod:`h3gate.evidence` records it, and verification recomputes it with the same functions.
+
+``PASSED``, ``FAILED`` and ``INCOMPLETE`` are the statement's ``predicate.result``. The test-result predicate
+knows PASSED, WARNED and FAILED; INCOMPLETE is this tool's own value for a run that lacks a verdict on a gate
+its completeness profile requires (skipped, deselected, crashed). Such a run must never read as PASSED, and
+WARNED would say it passed with remarks. Passes with non-discriminating bounds are listed as warned and still
+give PASSED.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PASSED, FAILED, INCOMPLETE = "PASSED", "FAILED", "INCOMPLETE"
+OUTCOMES = ("passed", "failed", "skipped", "deselected", "error")
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """A gate the profile requires; a test matches when its gate is ``gate`` and its params include ``params``."""
+
+    gate: str
+    params: dict = field(default_factory=dict)
+
+    def matches(self, gate: str, params: dict) -> bool:
+        return gate == self.gate and all(params.get(key) == value for key, value in self.params.items())
+
+    def label(self) -> str:
+        params = ",".join(f"{key}={value}" for key, value in sorted(self.params.items()))
+        return self.gate + (f"[{params}]" if params else "")
+
+    def to_json(self) -> dict:
+        return {"gate": self.gate, "params": self.params}
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    requirements: tuple[Requirement, ...]
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "required": [r.to_json() for r in self.requirements]}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Profile":
+        return cls(data["name"], tuple(Requirement(r["gate"], r["params"]) for r in data["required"]))
+
+
+# ``ci`` is what the tiny gate suite under tests/gates runs; it grows with that suite (a test checks they agree).
+PROFILES = {
+    "release": Profile(
+        "release",
+        (
+            Requirement("kernel"),
+            Requirement("block"),
+            Requirement("model"),
+            *(Requirement("generation", {"seed": seed}) for seed in (42, 43, 44)),
+        ),
+    ),
+    "ci": Profile(
+        "ci",
+        (
+            Requirement("kernel"),
+            Requirement("block"),
+            Requirement("model"),
+            *(Requirement("generation", {"seed": seed}) for seed in (42, 43, 44)),
+            Requirement("power"),
+        ),
+    ),
+}
+
+
+def profile(name: str) -> Profile:
+    if name not in PROFILES:
+        raise ValueError(f"unknown completeness profile {name!r}; profiles: {', '.join(sorted(PROFILES))}")
+    return PROFILES[name]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What pytest made of one gate item: ``outcome`` is one of OUTCOMES (``error``: the item errored or its
+    worker died), ``gate`` and ``params`` come from the item's marker, so a skipped item still names its gate."""
+
+    outcome: str
+    gate: str
+    params: dict = field(default_factory=dict)
+
+
+def verdict(test: dict) -> str:
+    """passed, warned or failed when the gate reached a verdict; else skipped, deselected or crashed. A pytest
+    failure counts as failed even where the gate's checks passed: the test asserted more than the gate."""
+    outcome, result = test["outcome"], test["result"]
+    if outcome in ("skipped", "deselected"):
+        return outcome
+    if outcome == "error" or result is None:
+        return "crashed"
+    if outcome == "failed" or not result["passed"]:
+        return "failed"
+    if result["context"].get("non_discriminating"):
+        return "warned"
+    return "passed"
+
+
+def completeness(tests: dict[str, dict], required: Profile) -> dict:
+    """Whether every required gate reached a verdict. A crashed item of any gate leaves the run incomplete:
+    its verdict is unknown. A skipped or deselected item matters only where the profile requires its gate."""
+    verdicts = {nodeid: verdict(test) for nodeid, test in tests.items()}
+    problems = [
+        f"{nodeid}: crashed without a gate verdict" for nodeid in sorted(tests) if verdicts[nodeid] == "crashed"
+    ]
+    for requirement in required.requirements:
+        matching = sorted(n for n, t in tests.items() if requirement.matches(t["gate"], t["params"]))
+        if not matching:
+            problems.append(f"{requirement.label()}: no test item of this gate ran (not collected or not recorded)")
+        for nodeid in matching:
+            if verdicts[nodeid] in ("skipped", "deselected"):
+                problems.append(f"{requirement.label()}: {nodeid} was {verdicts[nodeid]}")
+    return {"complete": not problems, "problems": problems}
+
+
+def tally(tests: dict[str, dict], required: Profile) -> dict:
+    """The predicate's verdict fields, computed from the tests (never taken from anywhere else). A failed test
+    outranks a missing verdict: FAILED is a finding about the candidate, INCOMPLETE only a gap in the run."""
+    lists = {"passed": [], "warned": [], "failed": []}
+    for nodeid in sorted(tests):
+        found = verdict(tests[nodeid])
+        if found in lists:
+            lists[found].append(nodeid)
+    outcome = completeness(tests, required)
+    result = FAILED if lists["failed"] else PASSED if outcome["complete"] else INCOMPLETE
+    return {
+        "result": result,
+        "passedTests": lists["passed"],
+        "warnedTests": lists["warned"],
+        "failedTests": lists["failed"],
+        "completeness": outcome,
+    }
