@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -31,6 +32,19 @@ def caller_gpus() -> list[str]:
     return [str(index) for index in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
+def check_device_option(option: str) -> None:
+    if option not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", option):
+        raise pytest.UsageError(f"--h3-device={option!r} is not cpu, cuda, cuda:N or auto")
+
+
+def cpu_run(option: str) -> bool:
+    """Whether the gates run on CPU, decided without importing torch (a session that runs no gate never needs it):
+    ``cpu``, or ``auto`` on a machine without an NVIDIA device node (where torch could see no GPU either)."""
+    if option == "cpu":
+        return True
+    return option == "auto" and not any(Path("/dev").glob("nvidia[0-9]*"))
+
+
 def worker_index() -> int | None:
     match = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
     return int(match.group(1)) if match else None
@@ -38,7 +52,7 @@ def worker_index() -> int | None:
 
 def prepare(device_option: str, per_gpu: int = 1) -> None:
     """Controller: publish the caller's GPU list. Worker: pin itself to its GPU (before CUDA is touched)."""
-    if device_option == "cpu":
+    if cpu_run(device_option):
         return
     index = worker_index()
     if index is None:
@@ -57,7 +71,7 @@ def prepare(device_option: str, per_gpu: int = 1) -> None:
 
 def auto_workers(device_option: str, per_gpu: int = 1) -> int | None:
     """``-n auto``: ``per_gpu`` workers per visible GPU; None (xdist's own choice) on CPU."""
-    if device_option == "cpu":
+    if cpu_run(device_option):
         return None
     gpus = caller_gpus()
     return len(gpus) * per_gpu or None

@@ -10,6 +10,7 @@ from pytest_h3 import distribution
 from h3gate import bounds as bounds_mod
 from h3gate import numerics
 from h3gate.contract import load_model_contract
+from h3gate.gates import KINDS
 from h3gate import generation_contract
 from h3gate.gates import block as block_gate
 from h3gate.gates import generation as generation_gate
@@ -204,5 +205,4 @@ RUNNERS = {
     "generation": run_generation,
     "power": run_power,
 }
-# Cheap before expensive: the order gate items run in (a generation waits for the model gate's verdict).
-ORDER = ("kernel", "block", "model", "generation", "power")
+assert tuple(RUNNERS) == KINDS, "one runner per gate kind, in the kinds' order"

@@ -13,9 +13,11 @@ import sys
 
 import pytest
 
-from pytest_h3 import distribution
+from h3gate.gates import KINDS
+from pytest_h3 import distribution, settings
 from pytest_h3.ledger import gate_of
 from pytest_h3.session import H3Session, SESSION_KEY
+from pytest_h3.settings import PROFILES
 
 MARKER_HELP = (
     "h3_gate(kind, **params): a qualification gate of kind kernel, block, model, generation or power; list params "
@@ -100,6 +102,7 @@ def pytest_addoption(parser):
     group.addoption(
         "--h3-profile",
         default="ci",
+        choices=PROFILES,
         help="completeness profile of the evidence: the gates a run must contain to be PASSED rather than "
         "INCOMPLETE ('ci': kernel, block, model; 'release': those plus generation seeds 42, 43, 44; default: ci)",
     )
@@ -132,9 +135,9 @@ def pytest_load_initial_conftests(early_config, parser, args):
     per_gpu = early_config.known_args_namespace.h3_workers_per_gpu
     if per_gpu < 1:
         raise pytest.UsageError(f"--h3-workers-per-gpu={per_gpu}: give at least 1")
+    distribution.check_device_option(option)
     distribution.prepare(option, per_gpu)
-    device = H3Session.resolve_device(option)
-    if device == "cpu" and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
+    if distribution.cpu_run(option) and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
         os.environ["TRITON_INTERPRET"] = "1"
 
 
@@ -149,6 +152,8 @@ def pytest_configure(config):
     elif config.getoption("--h3-freeze-force") or config.getoption("--h3-variants"):
         raise pytest.UsageError("--h3-freeze-force and --h3-variants only apply together with --h3-freeze")
     h3 = config.stash[SESSION_KEY] = H3Session(config)
+    if getattr(config, "workerinput", None) is None:  # the controller checks; its workers inherit good settings
+        h3.sign_key = settings.validate(config)
     config.pluginmanager.register(h3.ledger, f"h3-ledger-{id(config)}")
 
 
@@ -158,7 +163,18 @@ def _xdist_workers(config) -> bool:
 
 
 def pytest_sessionstart(session):
-    session.config.stash[SESSION_KEY].start()
+    """Under xdist the controller collects nothing: it checks the thresholds and builds the candidate before any
+    worker starts when the run selects the gates (``-m gate``); each worker checks again once it collected."""
+    config = session.config
+    if _xdist_workers(config) and "gate" in (config.getoption("markexpr", "") or ""):
+        config.stash[SESSION_KEY].start()
+
+
+def pytest_collection_finish(session):
+    """Before the first gate item: a tampered thresholds folder or a candidate that cannot be built stops the run.
+    A session without gate items pays for neither (nor for importing torch)."""
+    if any(item.get_closest_marker("h3_gate") is not None for item in session.items):
+        session.config.stash[SESSION_KEY].start()
 
 
 def pytest_itemcollected(item):
@@ -175,11 +191,9 @@ def pytest_collection_modifyitems(session, config, items):
         items[:] = kept
         h3.ledger.outside_shard.update(item.nodeid for item in dropped)
     # Cheap before expensive: gate items after other tests, kernel -> block -> model -> generation.
-    from pytest_h3.gates import ORDER
-
     def rank(item):
         gate = gate_of(item)
-        return 0 if gate is None else 1 + ORDER.index(gate["gate"])
+        return 0 if gate is None else 1 + KINDS.index(gate["gate"])
 
     items.sort(key=rank)
     h3.model_gate_scheduled = any((gate_of(item) or {}).get("gate") == "model" for item in items)

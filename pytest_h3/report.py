@@ -46,7 +46,7 @@ def _files(results: dict, thresholds: Path, model_name: str) -> list[Path]:
 
 
 def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
-    from h3gate import evidence, signing  # signing loads cryptography: only where evidence is written
+    from h3gate import evidence  # loads cryptography (signing): only where evidence is written
     results = session.ledger.results
     contexts = [r.get("context", {}) for r in results.values()]
     model = next((c["model"] for c in contexts if "model" in c), None)
@@ -55,7 +55,7 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
     candidate = next((c["candidate"] for c in contexts if "candidate" in c), None) or session.candidate.identity()
     junit = session.config.getoption("xmlpath", None)
     extra = [results_path] + ([Path(junit)] if junit and Path(junit).is_file() else [])
-    key = signing.load_private_key(session.config.getoption("--h3-sign-key"))
+    key = session.sign_key
     path = evidence.write_evidence(
         session.out,
         results,

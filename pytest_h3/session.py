@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from h3gate import bounds as bounds_mod
 from h3gate.files import write_json
-from pytest_h3.ledger import Ledger
-from pytest_h3.report import device_facts, write_session_evidence
+from h3gate.gates import KINDS
 from h3gate.presets import TRANSFORMER_CONFIGS
 from h3gate.verdict import Check, GateResult
+from pytest_h3 import distribution
+from pytest_h3.ledger import Ledger
 
 SESSION_KEY = pytest.StashKey["H3Session"]()
 LARGE_FILE = 1 << 26  # bytes from which the header's status uses the digest cache
@@ -28,7 +28,7 @@ class H3Session:
     def __init__(self, config):
         self.config = config
         self.freezing = bool(config.getoption("--h3-freeze"))
-        self.device = self.resolve_device(config.getoption("--h3-device"))
+        self._device = None
         self.out = Path(config.getoption("--h3-out"))
         thresholds = config.getoption("--h3-thresholds")
         self.thresholds = Path(thresholds) if thresholds else Path(config.rootpath) / "thresholds"
@@ -41,17 +41,27 @@ class H3Session:
         self.model_gate_recorded: set = set()  # model gate items whose outcome this process recorded
         self._model = None
         self._candidate = None
+        self.sign_key = None  # checked when the session starts (pytest_h3.settings)
+        self.started = False
+
+    @property
+    def device(self) -> str:
+        """``cpu``, ``cuda`` or ``cuda:N``, resolved on first use (torch is imported only where a GPU may be)."""
+        if self._device is None:
+            self._device = self.resolve_device(self.config.getoption("--h3-device"))
+        return self._device
 
     @staticmethod
     def resolve_device(option: str) -> str:
+        distribution.check_device_option(option)
+        if distribution.cpu_run(option):
+            return "cpu"
         import torch
 
         if option == "auto":
             return "cuda" if torch.cuda.is_available() else "cpu"
-        if option.startswith("cuda") and not torch.cuda.is_available():
+        if not torch.cuda.is_available():
             raise pytest.UsageError(f"--h3-device={option} but no CUDA device is visible; use --h3-device=cpu")
-        if option != "cpu" and not option.startswith("cuda"):
-            raise pytest.UsageError(f"--h3-device={option!r} is not cpu, cuda, cuda:N or auto")
         return option
 
     # Lazily built shared objects ------------------------------------------------------------------------
@@ -90,8 +100,7 @@ class H3Session:
     def thresholds_status(self):
         """The state of the model's frozen files on this session's device (:mod:`h3gate.status`); large files
         (release-size captures) are hashed once per size and mtime, the lock check at session start hashes all."""
-        from h3gate.files import sha256_file
-        from h3gate.model import file_digest
+        from h3gate.files import file_digest, sha256_file
         from h3gate.status import status
 
         def digest(path):
@@ -121,10 +130,8 @@ class H3Session:
 
     def resolve_params(self, kind: str, lists: dict, where: str) -> dict:
         """Validate a marker's kind and list params; an empty, duplicate or out-of-range list is an error."""
-        from pytest_h3.gates import RUNNERS
-
-        if kind not in RUNNERS:
-            raise ValueError(f"{where}: unknown gate kind {kind!r}; kinds: {', '.join(RUNNERS)}")
+        if kind not in KINDS:
+            raise ValueError(f"{where}: unknown gate kind {kind!r}; kinds: {', '.join(KINDS)}")
         if len(lists) > 1 and set(lists) != {"ops", "dtypes"}:
             raise ValueError(f"{where}: one list parameter per gate test (or the kernel gate's ops with dtypes), "
                              f"got {sorted(lists)}")
@@ -158,12 +165,19 @@ class H3Session:
     # Session start and end ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Refuse at once what would fail every gate: a tampered thresholds folder, an unknown candidate."""
+        """Refuse at once what would fail every gate: a tampered thresholds folder, a candidate that cannot be built."""
+        if self.started:
+            return
+        self.started = True
+        import pytest_h3.gates  # noqa: F401  the engine (torch, diffusers), which every gate item needs: paid here,
+        import pytest_h3.report  # noqa: F401  once, not by the first item
         self.verify_thresholds()
         if not self.freezing:
             self.candidate
 
     def verify_thresholds(self) -> None:
+        from h3gate import bounds as bounds_mod
+
         if not self.thresholds.is_dir():
             return
         try:
@@ -180,6 +194,8 @@ class H3Session:
         outcomes = self.ledger.final_outcomes()
         if self.freezing or not outcomes:
             return
+        from pytest_h3.report import write_session_evidence
+
         results_path = self.out / "results.json"
         write_json(results_path, {"schema": "h3gate.results/1", "results": self.ledger.results})
         self.summary.append(f"results: {results_path}")
@@ -204,6 +220,7 @@ class GateItem:
 
     def run(self) -> GateResult:
         from pytest_h3.gates import RUNNERS
+        from pytest_h3.report import device_facts
 
         result = RUNNERS[self.kind](self)
         if self.session.model_loaded:  # an item that failed before building the model (missing bounds) names none
@@ -227,7 +244,7 @@ class GateItem:
         reason = f"{error}; freeze them with: {freeze_command(self.session.config, self.node.nodeid)}"
         return GateResult(self.kind, self.params, [Check("bounds", "missing", 1.0, 0.0, False, {"reason": reason})])
 
-    def frozen(self, frozen: bounds_mod.Bounds) -> GateResult:
+    def frozen(self, frozen) -> GateResult:
         """The outcome of a freeze item: bounds written (and which cannot discriminate)."""
         detail = {
             "reason": f"froze {len(frozen.bounds)} bounds into {frozen.path} from {', '.join(frozen.sources)}",

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from h3gate import model as model_mod
+from h3gate import files
 from h3gate.model import ModelError, build_preset, load_checkpoint, load_model
 
 
@@ -72,7 +72,7 @@ def test_config_without_weights_is_refused(tmp_path):
 
 
 def test_checkpoint_round_trip_and_digest_cache(tiny, tmp_path, monkeypatch):
-    monkeypatch.setattr(model_mod, "DIGEST_CACHE", tmp_path / "cache" / "digests.json")
+    monkeypatch.setattr(files, "DIGEST_CACHE", tmp_path / "cache" / "digests.json")
     tiny.transformer.save_pretrained(tmp_path / "ckpt" / "transformer")
     loaded = load_checkpoint(tmp_path / "ckpt")
     for (name, a), (_, b) in zip(tiny.transformer.named_parameters(), loaded.transformer.named_parameters()):
@@ -80,7 +80,7 @@ def test_checkpoint_round_trip_and_digest_cache(tiny, tmp_path, monkeypatch):
     cache = json.loads((tmp_path / "cache" / "digests.json").read_text())
     assert len(cache) == 1
     # A second load reads the cached digest instead of hashing the weights again.
-    monkeypatch.setattr(model_mod.hashlib, "sha256", _forbid_weight_hashing(model_mod.hashlib.sha256))
+    monkeypatch.setattr(files.hashlib, "sha256", _forbid_weight_hashing(files.hashlib.sha256))
     assert load_checkpoint(tmp_path / "ckpt").identity == loaded.identity
 
 

@@ -129,7 +129,7 @@ def test_force_without_freeze_is_an_error(project):
 
 def test_unknown_candidate_names_the_available_ones(project):
     project.runpytest("-p", "no:cacheprovider", "--h3-device=cpu", "--h3-candidate=nope").stderr.fnmatch_lines(
-        ["*unknown candidate 'nope'; available: *provider*"]
+        ["*--h3-candidate=nope: no candidate 'nope' is installed; installed: *provider*"]
     )
 
 

@@ -20,7 +20,6 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
 from filelock import FileLock
 
 from h3gate.files import FileFormatError, dumps, read_json, require, sha256_file, write_atomic
@@ -40,8 +39,12 @@ def tap_kind(tap: str) -> str:
     return "gradient" if tap.endswith(".grad") or tap.startswith("input_gradients.") else "forward"
 
 
-def device_class(device: str | torch.device) -> str:
+def device_class(device) -> str:
     """``cpu`` or ``cuda-<gpu name>``: bounds hold only for the arithmetic of one kind of device."""
+    if str(device) == "cpu":
+        return "cpu"  # without importing torch: the session header asks before any gate runs
+    import torch
+
     device = torch.device(device)
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -129,6 +132,7 @@ def frozen_by_ensemble(gate: str, model, device_class: str, errors: dict[str, di
 
 def provenance(extra: dict | None = None) -> dict:
     import diffusers
+    import torch
     import triton
 
     return {

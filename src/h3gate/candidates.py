@@ -162,13 +162,38 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return name, options
 
 
+def _require_options(name: str, factory, options: dict) -> None:
+    """Options the candidate does not take are a usage error naming the ones it does, not a TypeError from deep
+    inside its constructor."""
+    import inspect
+
+    target = factory
+    entry = next((ep for ep in entry_points(group=GROUP) if ep.name == name), None)
+    if name not in _registered and entry is not None:
+        target = entry.load()
+    try:
+        signature = inspect.signature(target)
+    except (TypeError, ValueError):  # a callable without an inspectable signature: it says for itself
+        return
+    try:
+        signature.bind(**options)
+    except TypeError:
+        accepted = [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+        raise CandidateError(
+            f"candidate {name!r} takes no option(s) {sorted(set(options) - set(accepted)) or sorted(options)} "
+            f"(given as {name}:key=value); its options: {', '.join(accepted) or 'none'}"
+        ) from None
+
+
 def load(spec: str) -> Candidate:
     """The candidate named by ``spec`` (see :func:`parse_spec`)."""
     name, options = parse_spec(spec)
     factories = available()
     if name not in factories:
         raise CandidateError(f"unknown candidate {name!r}; available: {', '.join(sorted(factories)) or 'none'}")
-    candidate = factories[name](**options)
+    factory = factories[name]
+    _require_options(name, factory, options)
+    candidate = factory(**options)
     if not isinstance(candidate, Candidate):
         raise CandidateError(f"candidate {name!r} factory returned {type(candidate).__name__}, not an h3gate Candidate")
     return candidate

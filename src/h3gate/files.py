@@ -22,6 +22,33 @@ class FileFormatError(ValueError):
         super().__init__(f"{path}: {reason}")
 
 
+DIGEST_CACHE = Path(os.environ.get("H3GATE_CACHE", Path.home() / ".cache" / "h3gate")) / "file-digests.json"
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a file, cached by (path, size, mtime) so a 100 GB checkpoint is hashed once, not every run."""
+    from filelock import FileLock
+
+    stat = path.stat()
+    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+    DIGEST_CACHE.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(DIGEST_CACHE) + ".lock"):
+        cache = json.loads(DIGEST_CACHE.read_text()) if DIGEST_CACHE.is_file() else {}
+        if key in cache:
+            return cache[key]
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 24), b""):
+            digest.update(chunk)
+    with FileLock(str(DIGEST_CACHE) + ".lock"):
+        cache = json.loads(DIGEST_CACHE.read_text()) if DIGEST_CACHE.is_file() else {}
+        cache[key] = digest.hexdigest()
+        temporary = DIGEST_CACHE.with_suffix(".tmp")
+        temporary.write_text(json.dumps(cache, indent=1, sort_keys=True))
+        os.replace(temporary, DIGEST_CACHE)
+    return digest.hexdigest()
+
+
 def sha256_file(path: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:

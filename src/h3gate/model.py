@@ -26,11 +26,11 @@ from pathlib import Path
 import torch
 from diffusers import MiniMaxH3Transformer3DModel
 
+from h3gate.files import file_digest
 from h3gate.presets import PRESETS, TRANSFORMER_CONFIGS
 from h3gate.seeded import normal
 
 TRANSFORMER_CLASS = "MiniMaxH3Transformer3DModel"
-DIGEST_CACHE = Path(os.environ.get("H3GATE_CACHE", Path.home() / ".cache" / "h3gate")) / "file-digests.json"
 
 
 class ModelError(ValueError):
@@ -139,30 +139,6 @@ def _transformer_folder(path: Path) -> Path:
         f"{path} is not a MiniMax-H3 checkpoint: missing transformer/config.json (with _class_name "
         f"{TRANSFORMER_CLASS!r}) and transformer/*.safetensors"
     )
-
-
-def file_digest(path: Path) -> str:
-    """sha256 of a file, cached by (path, size, mtime) so a 100 GB checkpoint is hashed once, not every run."""
-    from filelock import FileLock
-
-    stat = path.stat()
-    key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    DIGEST_CACHE.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(DIGEST_CACHE) + ".lock"):
-        cache = json.loads(DIGEST_CACHE.read_text()) if DIGEST_CACHE.is_file() else {}
-        if key in cache:
-            return cache[key]
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(chunk)
-    with FileLock(str(DIGEST_CACHE) + ".lock"):
-        cache = json.loads(DIGEST_CACHE.read_text()) if DIGEST_CACHE.is_file() else {}
-        cache[key] = digest.hexdigest()
-        temporary = DIGEST_CACHE.with_suffix(".tmp")
-        temporary.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        os.replace(temporary, DIGEST_CACHE)
-    return digest.hexdigest()
 
 
 def load_checkpoint(path: str | os.PathLike) -> Model:

@@ -35,7 +35,7 @@ from h3gate.block_program import BLOCK_TAP_POINTS, OP_GROUPS, PROVIDER_OPS, TAP_
 from h3gate.candidates import Candidate, CandidateError
 from h3gate.compare import relative_l2, ulp_distance
 from h3gate.contract import ModelContract, load_model_contract, model_inputs
-from h3gate.files import FileFormatError, dumps, read_json, sha256_bytes, sha256_file, write_atomic, write_json
+from h3gate.files import FileFormatError, dumps, sha256_bytes, sha256_file, write_atomic
 from h3gate.gates.model import inventory_checks
 from h3gate.measure import timed
 from h3gate.model import Model

@@ -1,0 +1,71 @@
+"""Every pytest-h3 setting checked when the session starts, before any item runs: a typo in a setting must not cost
+a whole run of gates and leave no evidence. Each failure is one line naming the option and the fix, raised as
+pytest's usage error (exit code 4). The checks import nothing heavy: torch never, and cryptography only to read a
+signing key that was given.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+PROFILES = ("ci", "release")
+
+
+def _writable_folder(path: Path) -> str | None:
+    """Why ``path`` cannot be the output folder, or None: it must be a folder, or creatable in a writable one."""
+    if path.exists():
+        if not path.is_dir():
+            return "is a file, not a folder"
+        return None if os.access(path, os.W_OK | os.X_OK) else "is not writable"
+    parent = next((p for p in path.absolute().parents if p.exists()), None)
+    if parent is None or not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        return f"cannot be created ({parent} is not a writable folder)"
+    return None
+
+
+def validate(config):
+    """Check the session's settings; returns the signing key (or None: the evidence will be unsigned)."""
+    out = Path(config.getoption("--h3-out"))
+    problem = _writable_folder(out)
+    if problem:
+        raise pytest.UsageError(f"--h3-out={out} {problem}: give a folder the results and evidence can be written to")
+    thresholds = config.getoption("--h3-thresholds")
+    if thresholds is not None and not Path(thresholds).is_dir():
+        raise pytest.UsageError(f"--h3-thresholds={thresholds} is not a folder: give the folder holding LOCK.json "
+                                "(default: <rootdir>/thresholds)")
+    _check_candidate(config.getoption("--h3-candidate"))
+    shard = config.getoption("--h3-shard")
+    if shard:
+        from pytest_h3.distribution import parse_shard
+
+        parse_shard(shard)
+    return _signing_key(config.getoption("--h3-sign-key"))
+
+
+def _check_candidate(spec: str) -> None:
+    """The candidate's name must be installed; its options are checked when it is built, before the first gate."""
+    from h3gate.candidates import CandidateError, available, parse_spec
+
+    try:
+        name, _ = parse_spec(spec)
+    except CandidateError as error:
+        raise pytest.UsageError(f"--h3-candidate={spec}: {error}") from None
+    names = available()
+    if name not in names:
+        raise pytest.UsageError(f"--h3-candidate={spec}: no candidate {name!r} is installed; installed: "
+                                f"{', '.join(sorted(names))} (`h3gate candidates` lists them)")
+
+
+def _signing_key(path):
+    if path is None and not os.environ.get("H3GATE_SIGN_KEY"):  # h3gate.signing.KEY_ENV, read without cryptography
+        return None
+    from h3gate.signing import KEY_ENV, SigningKeyError, load_private_key
+
+    try:
+        return load_private_key(path)
+    except SigningKeyError as error:
+        option = f"--h3-sign-key={path}" if path is not None else KEY_ENV
+        raise pytest.UsageError(f"{option}: {error}") from None
