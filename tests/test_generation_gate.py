@@ -26,6 +26,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 COMMITTED = THRESHOLDS / "tiny" / "generation-contract.json"
 PREFLIGHT = THRESHOLDS / "tiny" / "generation-preflight-contract.json"
 VARIANTS = ["sdpa-math", "threads-1"]  # the CPU variant that changes the arithmetic, and one that does not
+FIXED = json.loads(COMMITTED.read_text())["fixed_bounds"]
 
 
 class RoundsLatents(Candidate):
@@ -108,6 +109,8 @@ def setup(tiny, tmp_path_factory):
         ({"gating_rule": "loose"}, "gating_rule 'loose' is not one of"),
         ({"calibration_margin": -0.5}, "calibration_margin must be a finite number >= 0"),
         ({"fixed_bounds": {"video_psnr_min_db": 30.0}}, "fixed_bounds must have exactly the keys"),
+        ({"fixed_bounds": {**FIXED, "video_ssim_min": 1.5}}, r"'video_ssim_min'\] must be at most 1 \(SSIM's maximum\)"),
+        ({"fixed_bounds": {**FIXED, "audio_relative_l2": 0}}, r"'audio_relative_l2'\] must be a finite number above 0"),
         ({"reference_image_sha256": "0" * 64}, "fl2va starts from the pinned reference keyframe"),
         ({"workflow": "t2va"}, "t2va generates from the prompt alone"),
         ({"schema": "h3gate.generation-contract/0"}, "expected 'h3gate.generation-contract/1'"),

@@ -1,6 +1,7 @@
 """Generation metrics against hand-computed values, their input checks, and the artifacts of a generation."""
 
 import hashlib
+import json
 import math
 import sys
 
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 import soundfile
 
+from conftest import ROOT
 from h3gate import metrics
 
 FRAMES, SIZE = 6, 32
@@ -115,3 +117,25 @@ def test_without_a_video_encoder_the_mp4_is_skipped_with_a_note(tmp_path, monkey
     assert set(artifacts) == {metrics.ARRAYS_FILE, metrics.WAV_FILE}
     assert notes == ["video.mp4 not written: imageio-ffmpeg is not installed (pip install imageio-ffmpeg)"]
     assert not (tmp_path / metrics.MP4_FILE).exists()
+
+
+# The metric table --------------------------------------------------------------------------------------
+
+
+def test_each_metric_takes_its_identical_value_on_identical_generations():
+    video, audio = clip(), np.random.default_rng(1).standard_normal((2, 100))
+    values = metrics.compare(video, audio, video.copy(), audio.copy())
+    assert {m.name: values[m.name] for m in metrics.METRICS} == {m.name: m.identical for m in metrics.METRICS}
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "thresholds").glob("*/*/generation*-bounds.json")), ids=str)
+def test_committed_generation_bounds_follow_from_their_errors_through_the_table(path):
+    """Each frozen bound is the table's widening of the worst recorded variant value, bit for bit, and the
+    file's rule text is the table's."""
+    frozen = json.loads(path.read_text())
+    margin = frozen["provenance"]["calibration_margin"]
+    assert frozen["rule"]["bound"] == metrics.calibration_rule()
+    for metric in metrics.METRICS:
+        values = [v for errors in frozen["errors"].values() for k, v in errors.items() if k.endswith(f".{metric.name}")]
+        assert metric.widen(metric.worst(values), margin) == frozen["bounds"][metric.name]
+        assert metric.discriminates(frozen["bounds"][metric.name])

@@ -3,7 +3,7 @@
 A contract file (``thresholds/<model>/<name>-contract.json``, locked in ``thresholds/LOCK.json`` like bounds)
 fixes the workflow (``fl2va`` from the reference keyframe of :mod:`h3gate.pipeline_reference`, named by its
 sha256, or ``t2va``), prompt, seeds, frames, canvas, frame rate, steps and audio sample rate; the fixed bounds
-(PSNR and SSIM of the worst frame at least, temporal RMSE and audio relative L2 at most); which rule gates
+(one per gated metric, in the range its row of :data:`h3gate.metrics.METRICS` allows); which rule gates
 (``fixed`` or ``calibrated``); and the calibration margin ``m``: the candidate's error may exceed the worst
 provider variant's by the factor ``1 + m`` (see :mod:`h3gate.gates.generation`).
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_FPS
 
 from h3gate.files import FileFormatError, read_json, require, sha256_file
-from h3gate.metrics import GATED
+from h3gate.metrics import GATED, METRIC
 from h3gate.pipeline import REFERENCE_IMAGE_SHA256, WORKFLOWS
 
 SCHEMA = "h3gate.generation-contract/1"
@@ -145,10 +145,14 @@ def _fixed_bounds(path, data) -> dict:
     if set(bounds) != set(GATED):
         raise FileFormatError(path, f"fixed_bounds must have exactly the keys {list(GATED)}, found {sorted(bounds)}")
     for key, value in bounds.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise FileFormatError(path, f"fixed_bounds[{key!r}] must be a positive finite number, found {value!r}")
-        if key == "video_ssim_min" and value > 1:
-            raise FileFormatError(path, f"fixed_bounds['video_ssim_min'] must be at most 1 (SSIM's maximum), found {value}")
+        metric = METRIC[key]
+        low, high = metric.valid
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= low:
+            raise FileFormatError(path, f"fixed_bounds[{key!r}] must be a finite number above {low:g}, found {value!r}")
+        if value > high:
+            raise FileFormatError(
+                path, f"fixed_bounds[{key!r}] must be at most {high:g} ({metric.label}'s maximum), found {value}"
+            )
     return {key: float(bounds[key]) for key in GATED}
 
 

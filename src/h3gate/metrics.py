@@ -14,8 +14,10 @@ float64 by scikit-image, the reference implementation most papers and tools agre
   constant offset that PSNR sees).
 - ``audio_relative_l2``: ``||audio - reference|| / ||reference||`` over every channel and sample.
 
-``GATED`` are the four a gate bounds (the worst frame, not the mean: a bound holds for every frame); ``AT_LEAST``
-are those where larger is better.
+``METRICS`` are the four a gate bounds (the worst frame, not the mean: a bound holds for every frame), one row
+each holding everything the generation gate knows of a metric: which way is better, its value for bitwise-equal
+generations, how calibration widens the worst variant's value, and the range of a fixed bound. The gate, its
+bounds and the contract read that row, so a metric is described once. ``GATED`` are their names.
 
 Artifacts (:func:`write_artifacts`): ``generation.safetensors`` holds video and audio exactly (safetensors: no
 pickle, bytes fixed by the values, so equal generations give byte-equal files); ``audio.wav`` is a 24-bit PCM
@@ -29,7 +31,9 @@ from __future__ import annotations
 import io
 import math
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import soundfile
@@ -39,8 +43,6 @@ from skimage.metrics import peak_signal_noise_ratio, structural_similarity
 
 from h3gate.files import sha256_bytes, write_atomic
 
-GATED = ("video_psnr_min_db", "video_ssim_min", "video_temporal_rmse", "audio_relative_l2")
-AT_LEAST = frozenset({"video_psnr_min_db", "video_ssim_min"})
 SSIM_WINDOW = 11
 ARRAYS_FILE = "generation.safetensors"
 WAV_FILE = "audio.wav"
@@ -110,9 +112,71 @@ def compare(video, audio, reference_video, reference_audio) -> dict:
     return {**video_metrics(video, reference_video), "audio_relative_l2": audio_relative_l2(audio, reference_audio)}
 
 
-def identical_value(metric: str) -> float:
-    """The value ``metric`` takes when a generation equals its reference exactly."""
-    return {"video_psnr_min_db": math.inf, "video_ssim_min": 1.0}.get(metric, 0.0)
+# The gated metrics ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A gated metric. Calibration widens the worst provider variant's value by the margin ``m`` so that the
+    candidate's error may exceed it by the factor ``1 + m``: for PSNR the RMSE grows by ``1 + m``, for SSIM the
+    distance to 1, for the errors the value itself."""
+
+    name: str
+    label: str  # how the bounds file's rule text names it
+    direction: str  # "min": the value must reach the bound (larger is better); "max": it must not exceed it
+    identical: float  # its value when the generation equals its reference bitwise
+    broken: float  # its value for a generation sharing nothing with its reference: a bound passing it cannot fail
+    widen: Callable[[float, float], float]  # (worst variant value, margin m) -> calibrated bound
+    formula: str  # ``widen`` as the bounds file's rule text writes it
+    valid: tuple[float, float]  # a fixed bound is finite and lies in (low, high]
+
+    def passes(self, value: float, bound: float) -> bool:
+        return value >= bound if self.direction == "min" else value <= bound
+
+    def worst(self, values):
+        """The worst of ``values`` (or of ``(value, tag)`` pairs, ties broken by the tag)."""
+        return (min if self.direction == "min" else max)(values)
+
+    def discriminates(self, bound: float) -> bool:
+        """Whether some generation can violate ``bound``: a PSNR or SSIM floor <= 0, an error ceiling >= 1 cannot."""
+        return not self.passes(self.broken, bound)
+
+
+def _error(worst: float, margin: float) -> float:
+    return (1.0 + margin) * worst
+
+
+METRICS = (
+    Metric(
+        "video_psnr_min_db", "PSNR", "min", identical=math.inf, broken=0.0,
+        widen=lambda worst, margin: worst - 20.0 * math.log10(1.0 + margin), formula="worst - 20 log10(1 + m) dB",
+        valid=(0.0, math.inf),
+    ),
+    Metric(
+        "video_ssim_min", "SSIM", "min", identical=1.0, broken=0.0,
+        widen=lambda worst, margin: 1.0 - (1.0 + margin) * (1.0 - worst), formula="1 - (1 + m)(1 - worst)",
+        valid=(0.0, 1.0),
+    ),
+    Metric(
+        "video_temporal_rmse", "temporal RMSE", "max", identical=0.0, broken=1.0,
+        widen=_error, formula="(1 + m) worst", valid=(0.0, math.inf),
+    ),
+    Metric(
+        "audio_relative_l2", "audio relative L2", "max", identical=0.0, broken=1.0,
+        widen=_error, formula="(1 + m) worst", valid=(0.0, math.inf),
+    ),
+)
+METRIC = {metric.name: metric for metric in METRICS}
+GATED = tuple(METRIC)
+
+
+def calibration_rule() -> str:
+    """The calibrated rule as the bounds file states it, from the metrics' formulas (equal ones share a clause)."""
+    labels: dict[str, list[str]] = {}
+    for metric in METRICS:
+        labels.setdefault(metric.formula, []).append(metric.label)
+    clauses = [f"{' and '.join(names)}: {formula}" for formula, names in labels.items()]
+    return "; ".join(["worst over kept variants and seeds", *clauses])
 
 
 # Artifacts --------------------------------------------------------------------------------------------

@@ -18,11 +18,10 @@ call is wrapped, by the resumable run store (:mod:`h3gate.resume`), which saves 
    the other rule is reported in ``GateResult.metrics``.
 
 :func:`freeze`, before any candidate generates: the provider and every variant generate every seed; per gated
-metric the worst value over the variants and seeds, widened by the contract's margin ``m``, is the calibrated
-bound - PSNR ``worst - 20 log10(1 + m)`` dB (the RMSE may grow by ``1 + m``), SSIM ``1 - (1 + m)(1 - worst)``,
-temporal RMSE and audio relative L2 ``(1 + m) worst``. A variant whose generations equal the provider's (or an
-earlier variant's) bitwise adds nothing and is dropped, as recorded; when no variant changes a metric at all
-freezing is refused, since the rule would then demand bitwise equality. The bounds file is written and locked
+metric the worst value over the variants and seeds, widened by the contract's margin ``m`` as the metric's row
+of :data:`h3gate.metrics.METRICS` says, is the calibrated bound. A variant whose generations equal the provider's
+(or an earlier variant's) bitwise adds nothing and is dropped, as recorded; when no variant changes a metric at
+all freezing is refused, since the rule would then demand bitwise equality. The bounds file is written and locked
 with :mod:`h3gate.bounds` (``thresholds/<model>/<device class>/<contract name>-bounds.json``).
 
 Run store: ``out_dir/generation/<model>/<contract name>/<role>-<identity digest>/seed<k>/``, role ``provider``,
@@ -60,7 +59,6 @@ import datetime
 import functools
 import hashlib
 import json
-import math
 import os
 import socket
 import time
@@ -438,34 +436,19 @@ def _require_finite(video: np.ndarray, audio: np.ndarray, role: str, error) -> N
 # Calibrated bounds ------------------------------------------------------------------------------------
 
 
-def calibrated_bound(metric: str, worst: float, margin: float) -> float:
-    """The calibrated bound of ``metric`` from the worst variant value and the margin (module docstring)."""
-    factor = 1.0 + margin
-    if metric == "video_psnr_min_db":
-        return worst - 20.0 * math.log10(factor)
-    if metric == "video_ssim_min":
-        return 1.0 - factor * (1.0 - worst)
-    return factor * worst
-
-
 class GenerationBounds(bounds_mod.Bounds):
     """Frozen calibrated bounds of the generation gate: the bounds file format, with this gate's rule."""
 
     @property
     def non_discriminating(self) -> list[str]:
-        """Bounds no generation can violate: a PSNR or SSIM floor <= 0, an error ceiling >= 1."""
-        return sorted(
-            metric
-            for metric, bound in self.bounds.items()
-            if (bound <= 0 if metric in metrics.AT_LEAST else bound >= 1.0)
-        )
+        """Bounds no generation can violate (:meth:`h3gate.metrics.Metric.discriminates`)."""
+        return sorted(metric for metric, bound in self.bounds.items() if not metrics.METRIC[metric].discriminates(bound))
 
     def to_json(self) -> dict:
         data = super().to_json()
         data["rule"] = {
             "metric": "the variant's generation against the provider's generation of the same seed",
-            "bound": "worst over kept variants and seeds; PSNR: worst - 20 log10(1 + m) dB; SSIM: 1 - (1 + m)(1 - "
-            "worst); temporal RMSE and audio relative L2: (1 + m) worst",
+            "bound": metrics.calibration_rule(),
             "margin": self.provenance["calibration_margin"],
         }
         return data
@@ -519,13 +502,12 @@ def freeze(
             f"(here: {', '.join(mode.name for mode in numerics.variants(device))})"
         )
     table, providers = {}, []
-    for metric in metrics.GATED:
-        pick = min if metric in metrics.AT_LEAST else max
-        worst, source = pick((measured[name][seed][metric], name) for name in kept for seed in contract.seeds)
-        if worst == metrics.identical_value(metric):
-            raise bounds_mod.BoundsError(f"no variant of {kept} changed {metric} on any seed; the calibrated bound would "
-                                         "demand bitwise equality")
-        table[metric] = calibrated_bound(metric, worst, contract.calibration_margin)
+    for metric in metrics.METRICS:
+        worst, source = metric.worst((measured[name][seed][metric.name], name) for name in kept for seed in contract.seeds)
+        if worst == metric.identical:
+            raise bounds_mod.BoundsError(f"no variant of {kept} changed {metric.name} on any seed; the calibrated bound "
+                                         "would demand bitwise equality")
+        table[metric.name] = metric.widen(worst, contract.calibration_margin)
         if source not in providers:
             providers.append(source)
     frozen = GenerationBounds(
@@ -572,11 +554,10 @@ def load_bounds(thresholds: Path, model: Model, contract: GenerationContract, de
 
 def _evaluate(values: dict, bounds: dict, rule: str, seed: int) -> list[Check]:
     checks = []
-    for metric in metrics.GATED:
-        direction = "min" if metric in metrics.AT_LEAST else "max"
-        value, bound = values[metric], bounds[metric]
-        passed = value >= bound if direction == "min" else value <= bound
-        checks.append(Check(metric, f"{rule} rule", value, bound, passed, {"seed": seed}, direction))
+    for metric in metrics.METRICS:
+        value, bound = values[metric.name], bounds[metric.name]
+        passed = metric.passes(value, bound)
+        checks.append(Check(metric.name, f"{rule} rule", value, bound, passed, {"seed": seed}, metric.direction))
     return checks
 
 
