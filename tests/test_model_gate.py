@@ -54,3 +54,11 @@ def test_check_line_and_margin():
     check = Check("outputs.video", "relative_l2", 0.03, 0.02, False)
     assert math.isclose(check.margin, -0.01)
     assert check.line() == "outputs.video: relative_l2 0.03 > bound 0.02 (margin -0.01)"
+
+
+def test_a_check_failed_for_a_reason_ranks_as_a_failure_and_says_why():
+    check = Check.failed("same_start", "same_start", "noise differs", step=3)
+    assert (check.value, check.bound, check.passed) == (1.0, 0.0, False)
+    assert check.detail == {"step": 3, "reason": "noise differs"} and check.ratio == math.inf
+    assert check.line() == "same_start: same_start: noise differs"
+    assert Check.failed("out", "non_finite", "2 NaN/Inf", value=2.0).value == 2.0

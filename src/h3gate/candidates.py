@@ -135,10 +135,6 @@ def register(name: str, factory: Callable[..., Candidate]) -> None:
     _registered[name] = factory
 
 
-def unregister(name: str) -> None:
-    _registered.pop(name, None)
-
-
 def available() -> dict[str, Callable[..., Candidate]]:
     """Every candidate factory: entry points first, in-process registrations over them."""
     found = {ep.name: ep for ep in entry_points(group=GROUP)}

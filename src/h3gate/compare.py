@@ -25,6 +25,11 @@ def relative_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
     return numerator / denominator
 
 
+def max_abs(x: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |x - ref| in float64; 0 for empty tensors."""
+    return (x.detach().double() - ref.detach().double()).abs().max().item() if x.numel() else 0.0
+
+
 def _ordered(bits: torch.Tensor, width: int) -> torch.Tensor:
     """Map IEEE bit patterns (as signed ints) onto a monotone integer line, in int64."""
     bits = bits.to(torch.int64)
@@ -52,7 +57,7 @@ def compare(x: torch.Tensor, ref: torch.Tensor) -> dict:
     finite = torch.isfinite(x)
     result = {
         "relative_l2": relative_l2(x, ref),
-        "max_abs": (x.double() - ref.double()).abs().max().item() if x.numel() else 0.0,
+        "max_abs": max_abs(x, ref),
         "nan": int(torch.isnan(x).sum()),
         "inf": int(torch.isinf(x).sum()),
         "all_zero": bool(x.numel() and not x.any()),

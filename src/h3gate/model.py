@@ -87,7 +87,8 @@ def _to_checkpoint_precision(transformer: MiniMaxH3Transformer3DModel) -> None:
             param.data = param.data.to(torch.bfloat16)
 
 
-def _tensor_digest(state: dict) -> str:
+def tensor_digest(state: dict) -> str:
+    """sha256 over every tensor's name, dtype, shape and bytes, in name order: equal digests, equal weights."""
     digest = hashlib.sha256()
     for name in sorted(state):
         tensor = state[name].detach().cpu().contiguous()
@@ -114,7 +115,7 @@ def build_preset(name: str, seed: int = 0) -> Model:
     _to_checkpoint_precision(transformer)
     transformer.eval()
     config = _plain_config(transformer)
-    identity = _identity(config, _tensor_digest(dict(transformer.named_parameters())))
+    identity = _identity(config, tensor_digest(dict(transformer.named_parameters())))
     return Model(name=name, source=f"preset:{name}:seed={seed}", transformer=transformer, identity=identity, config=config)
 
 

@@ -44,10 +44,6 @@ class Mode:
         """Whether the mode runs at ``dtype`` (flash and cuDNN attention on CUDA take bf16 and fp16 only)."""
         return self.dtypes is None or dtype in self.dtypes
 
-    @property
-    def is_variant(self) -> bool:
-        return self.name not in ("golden", "provider")
-
 
 GOLDEN = Mode(
     "golden",

@@ -20,6 +20,12 @@ class Check:
     detail: dict = field(default_factory=dict)
     direction: str = "max"  # "max": value must not exceed bound; "min": value must reach bound (PSNR, SSIM)
 
+    @classmethod
+    def failed(cls, name: str, kind: str, reason: str, value: float = 1.0, **detail) -> "Check":
+        """A check that failed for a reason rather than by a measured margin: ``value`` (default 1) against bound
+        0, so it ranks among the failures, and its line is the reason."""
+        return cls(name, kind, value, 0.0, False, {**detail, "reason": reason})
+
     @property
     def margin(self) -> float:
         """How much room is left before the bound (negative: by how much it failed)."""

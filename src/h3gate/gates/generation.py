@@ -74,7 +74,7 @@ from h3gate.candidates import Candidate, CandidateError
 from h3gate.files import FileFormatError, read_json, sha256_bytes, sha256_file, write_json
 from h3gate.generation_contract import GenerationContract
 from h3gate.measure import timed
-from h3gate.model import Model, _tensor_digest
+from h3gate.model import Model, tensor_digest
 from h3gate.pipeline import COMPONENT_CONFIGS, build_components, generate, load_reference_image, make_pipeline
 from h3gate.verdict import Check, GateResult
 
@@ -266,7 +266,7 @@ def _components_digest(components: dict) -> str:
     for name in sorted(components):
         value = components[name]
         if isinstance(value, torch.nn.Module):
-            part = _tensor_digest(value.state_dict())
+            part = tensor_digest(value.state_dict())
         elif hasattr(value, "get_vocab"):
             part = json.dumps(value.get_vocab(), sort_keys=True)
         elif hasattr(value, "to_json_string"):
@@ -603,12 +603,12 @@ def check(
             )
     except resume.StartMismatch as error:
         context["noise_digests"] = {"provider": error.expected, "candidate": error.found}
-        return GateResult(GATE, params, [Check("same_start", "same_start", 1.0, 0.0, False, {"reason": str(error)})], context, {}, timings)
+        return GateResult(GATE, params, [Check.failed("same_start", "same_start", str(error))], context, {}, timings)
     except resume.Nondeterministic as error:  # raised after the run checked its first call against the provider's
         context["noise_digests"] = {"provider": reference.first_call_inputs, "candidate": reference.first_call_inputs}
         checks = [
             _same_start_passed(),
-            Check("determinism", "determinism", error.max_abs, 0.0, False, {"reason": str(error), "step": error.step}),
+            Check.failed("determinism", "determinism", str(error), value=error.max_abs, step=error.step),
         ]
         return GateResult(GATE, params, checks, context, {}, timings)
     context["candidate_run"] = generated.summary()
@@ -616,7 +616,7 @@ def check(
     context["artifacts"] = {"provider": reference.artifacts, "candidate": generated.artifacts}
     mismatch = resume.start_mismatch(reference.first_call_inputs, generated.first_call_inputs)
     if mismatch is not None:  # a reused candidate run made against another provider generation
-        return GateResult(GATE, params, [Check("same_start", "same_start", 1.0, 0.0, False, {"reason": str(mismatch)})], context, {}, timings)
+        return GateResult(GATE, params, [Check.failed("same_start", "same_start", str(mismatch))], context, {}, timings)
     checks = [_same_start_passed()]
     if generated.verified_step is not None:
         checks.append(Check("determinism", "determinism", 0.0, 0.0, True, {"verified_step": generated.verified_step}))

@@ -14,7 +14,6 @@ replays deterministically with ``derandomize=True`` so a failure in CI reproduce
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,6 +22,7 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from h3gate import numerics, provider_ops
+from h3gate.compare import max_abs, relative_l2
 from h3gate.verdict import Check, GateResult
 
 GATE = "kernel"
@@ -282,14 +282,6 @@ def _forward_backward(fn, built, dtype, device, upstream_seed, poison=False, ref
     return {k: v.detach().cpu() for k, v in results.items()}
 
 
-def _errors(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
-    x64, ref64 = x.double(), ref.double()
-    norm = torch.linalg.vector_norm(ref64).item()
-    diff = x64 - ref64
-    relative = torch.linalg.vector_norm(diff).item() / norm if norm else (0.0 if not diff.any() else math.inf)
-    return relative, diff.abs().max().item() if diff.numel() else 0.0
-
-
 def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtype, device: str, seed: int) -> list[Check]:
     """Every check of one op at one drawn shape and dtype."""
     built = spec.build(dims, dtype, torch.Generator().manual_seed(seed))
@@ -315,16 +307,16 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
         key = {"output": name, "dtype": dtype_name}
         got = candidate[name]
         if got.shape != ref.shape:
-            checks.append(Check(where, "shape", 1.0, 0.0, False, {**key, "reason": f"shape {tuple(got.shape)}, expected {tuple(ref.shape)}"}))
+            checks.append(Check.failed(where, "shape", f"shape {tuple(got.shape)}, expected {tuple(ref.shape)}", **key))
             continue
         bad = int((~torch.isfinite(got)).sum())
         if bad:
-            checks.append(Check(where, "non_finite", float(bad), 0.0, False, {**key, "reason": f"{bad} NaN/Inf (NaN padding leaked or overflow)"}))
+            checks.append(Check.failed(where, "non_finite", f"{bad} NaN/Inf (NaN padding leaked or overflow)", value=float(bad), **key))
             continue
         if not torch.equal(got, again[name]):
-            checks.append(Check(where, "determinism", 1.0, 0.0, False, {**key, "reason": "two runs differ bitwise"}))
-        cand_rel, cand_abs = _errors(got, ref)
-        torch_rel, torch_abs = _errors(torch_low[name], ref)
+            checks.append(Check.failed(where, "determinism", "two runs differ bitwise", **key))
+        cand_rel, cand_abs = relative_l2(got, ref), max_abs(got, ref)
+        torch_rel, torch_abs = relative_l2(torch_low[name], ref), max_abs(torch_low[name], ref)
         magnitude = ref.double().abs().max().item() if ref.any() else scale
         abs_bound = ERROR_FACTOR * torch_abs + FLOOR_ULPS * eps * magnitude
         if ref.any():  # relative L2 is undefined against an exactly-zero reference: max abs decides alone
@@ -363,7 +355,7 @@ def check(
     # A search over some of the dtypes says so in its params (the pytest item of one op and one dtype).
     params = {"op": op} if set(dtypes) == set(DTYPES) else {"op": op, "dtype": "+".join(dtypes)}
     if op not in ops:
-        missing = Check(op, "missing", 1.0, 0.0, False, {"reason": f"candidate {candidate.name} offers no standalone {op}"})
+        missing = Check.failed(op, "missing", f"candidate {candidate.name} offers no standalone {op}")
         return GateResult(GATE, params, [missing], {"candidate": candidate.identity()})
     spec = OP_SPECS[op]
     limits = limits or (GPU_LIMITS if torch.device(device).type == "cuda" else INTERPRETER_LIMITS)
