@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 CALLER_GPUS = "H3GATE_CALLER_GPUS"
+DEVICE_NODES = Path("/dev")  # where an NVIDIA driver puts nvidia0, nvidia1, ...
 
 
 def caller_gpus() -> list[str]:
@@ -42,7 +43,7 @@ def cpu_run(option: str) -> bool:
     ``cpu``, or ``auto`` on a machine without an NVIDIA device node (where torch could see no GPU either)."""
     if option == "cpu":
         return True
-    return option == "auto" and not any(Path("/dev").glob("nvidia[0-9]*"))
+    return option == "auto" and not any(DEVICE_NODES.glob("nvidia[0-9]*"))
 
 
 def worker_index() -> int | None:

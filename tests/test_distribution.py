@@ -28,11 +28,13 @@ def test_block(h3_gate):
 
 @pytest.fixture
 def project(pytester):
-    """The committed tiny CPU bounds (model and blocks) and contract in a fresh project, re-locked there."""
+    """The committed tiny CPU bounds (model and blocks, with the blocks' captures) and contract in a fresh project,
+    re-locked there."""
     target = pytester.path / "thresholds" / "tiny"
     (target / "cpu").mkdir(parents=True)
     files = [shutil.copy(THRESHOLDS / "tiny" / "model-contract.json", target)]
-    for name in ("model-bounds.json", "block0-bounds.json", "block1-bounds.json"):
+    for name in ("model-bounds.json", "block0-bounds.json", "block0-capture.safetensors", "block1-bounds.json",
+                 "block1-capture.safetensors"):
         files.append(shutil.copy(THRESHOLDS / "tiny" / "cpu" / name, target / "cpu"))
     lock_files(pytester.path / "thresholds", files)
     pytester.makepyfile(test_gates=SUITE)
@@ -90,7 +92,21 @@ def test_shards_deal_gate_items_disjointly(pytester):
         distribution.shard(items, "3/3")
 
 
+def test_auto_is_a_cpu_run_exactly_where_no_nvidia_device_node_exists(monkeypatch, tmp_path):
+    monkeypatch.setattr(distribution, "DEVICE_NODES", tmp_path)
+    (tmp_path / "nvidiactl").touch()  # the control node alone: no GPU
+    assert distribution.cpu_run("auto") and distribution.cpu_run("cpu")
+    (tmp_path / "nvidia0").touch()
+    assert not distribution.cpu_run("auto") and not distribution.cpu_run("cuda:0") and distribution.cpu_run("cpu")
+
+
+def _a_gpu_machine(monkeypatch):
+    """This machine as one with NVIDIA device nodes, where ``auto`` asks which GPUs the caller made visible."""
+    monkeypatch.setattr(distribution, "cpu_run", lambda option: option == "cpu")
+
+
 def test_workers_pin_to_the_callers_gpus(monkeypatch):
+    _a_gpu_machine(monkeypatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     distribution.prepare("auto")
@@ -109,6 +125,7 @@ def test_workers_share_gpus_in_blocks(monkeypatch):
     """With K workers per GPU, gw0..gwK-1 take the caller's first GPU, the next K its second."""
     import os
 
+    _a_gpu_machine(monkeypatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,6")
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     distribution.prepare("auto", per_gpu=3)
