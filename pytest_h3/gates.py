@@ -180,7 +180,7 @@ def run_generation(item):
             model_gate_override=override,
         )
     except generation_gate.ModelGateNotPassed as error:
-        return GateResult(item.kind, item.params, [Check("model_gate", "not passed", 1.0, 0.0, False, {"reason": str(error)})])
+        return GateResult(item.kind, item.params, [Check.failed("model_gate", "not passed", str(error))])
 
 
 def run_power(item):

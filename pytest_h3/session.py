@@ -242,7 +242,7 @@ class GateItem:
         from pytest_h3.plugin import freeze_command
 
         reason = f"{error}; freeze them with: {freeze_command(self.session.config, self.node.nodeid)}"
-        return GateResult(self.kind, self.params, [Check("bounds", "missing", 1.0, 0.0, False, {"reason": reason})])
+        return GateResult(self.kind, self.params, [Check.failed("bounds", "missing", reason)])
 
     def frozen(self, frozen) -> GateResult:
         """The outcome of a freeze item: bounds written (and which cannot discriminate)."""

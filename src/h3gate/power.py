@@ -197,7 +197,7 @@ def run(
                     gate, candidate, kind, model, device, contract, model_bounds, block_bounds, generation, out_dir, kernel_examples
                 )
             except CandidateError as error:  # NaN or a crash of the candidate: the gate stops it
-                results = [GateResult(gate, {}, [Check("candidate", "error", 1.0, 0.0, False, {"reason": str(error)})])]
+                results = [GateResult(gate, {}, [Check.failed("candidate", "error", str(error))])]
             rejected = [result for result in results if not result.passed]
             line = (rejected or results)[0].summary()
             report.rows.append(Row(candidate.name, kind, gate, gate in meant, bool(rejected), line))

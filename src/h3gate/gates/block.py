@@ -346,7 +346,7 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
             f"candidate {candidate.name} exposes none of the block program's tap points (its blocks do not run "
             "through h3gate.block_program), so the block's internal taps cannot be compared"
         )
-        checks = [Check("internal taps", "inventory", 1.0, 0.0, False, {"reason": reason})]
+        checks = [Check.failed("internal taps", "inventory", reason)]
     else:
         checks = inventory_checks(recorded, set(frozen.bounds))
     for tap, value in candidate_errors.items():

@@ -88,7 +88,7 @@ def check(
         detail = {"max_abs": metrics["max_abs"], "provider_relative_l2": provider_errors[tap]["relative_l2"]}
         if bounds_mod.tap_kind(tap) == "gradient" and metrics["all_zero"] and not metrics["reference_all_zero"]:
             checks.append(
-                Check(tap, "zero_gradient", 1.0, 0.0, False, {**detail, "reason": "exactly zero where golden's is not"})
+                Check.failed(tap, "zero_gradient", "exactly zero where golden's is not", **detail)
             )
         checks.append(Check(tap, "relative_l2", metrics["relative_l2"], frozen.bounds[tap], metrics["relative_l2"] <= frozen.bounds[tap], detail))
     return GateResult(
@@ -112,7 +112,7 @@ def inventory_checks(measured: set[str], expected: set[str]) -> list[Check]:
     """The run's taps must be exactly the bounds' keys: a missing or extra tap is a failed check."""
     checks = []
     for tap in sorted(expected - measured):
-        checks.append(Check(tap, "inventory", 1.0, 0.0, False, {"reason": "tap has a bound but was not recorded"}))
+        checks.append(Check.failed(tap, "inventory", "tap has a bound but was not recorded"))
     for tap in sorted(measured - expected):
-        checks.append(Check(tap, "inventory", 1.0, 0.0, False, {"reason": "tap was recorded but has no bound"}))
+        checks.append(Check.failed(tap, "inventory", "tap was recorded but has no bound"))
     return checks
