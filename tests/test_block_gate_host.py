@@ -11,6 +11,7 @@ from safetensors.torch import load
 
 from conftest import THRESHOLDS
 from h3gate import bounds as bounds_mod
+from h3gate import cli
 from h3gate import seeded
 from h3gate.bounds import BoundsError
 from h3gate.files import sha256_file
@@ -43,6 +44,9 @@ def test_the_capture_lives_beside_its_bounds_and_is_locked_with_them(tiny, tiny_
         block_gate.check(tiny, None, tiny_contract, frozen, "cpu", 1, tmp_path)
     assert block_gate.recapture(capture, tiny, "cpu") == capture  # this machine froze it: the same bits
     bounds_mod.verify_lock(thresholds)
+    capture.unlink()
+    assert cli.main(["capture", str(capture)]) == 0 and bounds_mod.verify_lock(thresholds)
+    assert cli.main(["capture", str(capture.with_name("block1-bounds.json"))]) == 2  # not a capture
     data = bytearray(capture.read_bytes())
     data[-1] ^= 1
     capture.write_bytes(bytes(data))
