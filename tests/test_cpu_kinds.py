@@ -41,3 +41,14 @@ def test_the_gates_pass_under_another_cpu_dispatch_level(capability, tmp_path):
         "tests/gates/test_model.py::test_model",
     ]
     assert all(result["passed"] for result in results.values())
+
+
+def test_the_compiled_variant_is_offered_only_where_inductor_builds():
+    """Under ATEN_CPU_CAPABILITY=default inductor's C++ code does not build: power must not offer `compiled` there."""
+    code = "from h3gate import numerics; print(','.join(mode.name for mode in numerics.variants('cpu')))"
+    offered = {
+        level: subprocess.run([sys.executable, "-c", code], env={**os.environ, "ATEN_CPU_CAPABILITY": level},
+                              capture_output=True, text=True, check=True).stdout.strip()
+        for level in ("default", "avx2")
+    }
+    assert offered == {"default": "sdpa-math,sdpa-flash,threads-1", "avx2": "sdpa-math,sdpa-flash,threads-1,compiled"}

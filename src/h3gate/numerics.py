@@ -78,8 +78,14 @@ def device_type(device: str | torch.device) -> str:
 
 
 def variants(device: str | torch.device) -> tuple[Mode, ...]:
-    """The provider variants that exist on ``device``'s type."""
-    return _CUDA_VARIANTS if device_type(device) == "cuda" else _CPU_VARIANTS
+    """The provider variants that exist on ``device``'s type. On a CPU whose ATen kernels run at the ``default``
+    dispatch level (no AVX2), inductor's C++ code does not build (torch 2.13: ``'at::vec' has not been declared``), so
+    ``compiled`` is not offered there."""
+    if device_type(device) == "cuda":
+        return _CUDA_VARIANTS
+    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+        return tuple(mode for mode in _CPU_VARIANTS if not mode.compiled)
+    return _CPU_VARIANTS
 
 
 def get(name: str, device: str | torch.device) -> Mode:
