@@ -89,6 +89,18 @@ STATUS_CODES = """exit codes:
   2  usage: bad arguments, an unknown model"""
 
 
+def _checkpoint_make(args) -> int:
+    from h3gate.checkpoint import CheckpointError, make
+
+    components = args.components.split(",") if args.components else None
+    try:
+        folder = make(args.preset, args.folder, components, args.seed)
+    except CheckpointError as error:
+        return _refuse("checkpoint make", 2, str(error))
+    print(f"wrote {folder}: the {args.preset} preset as a MiniMax-H3 checkpoint folder (--h3-model={folder})")
+    return 0
+
+
 # Evidence -----------------------------------------------------------------------------------------------
 
 # One exit code per kind of refusal, so CI can tell a tampered artifact from a failed gate without parsing text.
@@ -314,6 +326,19 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
     status.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")
     status.set_defaults(run=_status)
+
+    checkpoint = commands.add_parser("checkpoint", help="checkpoint folders in the published MiniMax-H3 layout")
+    checkpoint_commands = checkpoint.add_subparsers(dest="checkpoint_command", required=True)
+    checkpoint_make = checkpoint_commands.add_parser(
+        "make",
+        help="write an embedded preset as a diffusers MiniMax-H3 pipeline folder (model_index.json and every component)",
+    )
+    checkpoint_make.add_argument("folder", metavar="DIR", help="the folder to create (it must not exist)")
+    checkpoint_make.add_argument("--preset", required=True, help="the embedded preset to write (tiny, small)")
+    checkpoint_make.add_argument("--components", default=None,
+                                 help="comma-separated components to write (default: all the pipeline declares)")
+    checkpoint_make.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    checkpoint_make.set_defaults(run=_checkpoint_make)
 
     bench = commands.add_parser(
         "bench",

@@ -26,11 +26,8 @@ from pathlib import Path
 import torch
 from diffusers import MiniMaxH3Transformer3DModel
 
-from h3gate.files import file_digest
 from h3gate.presets import PRESETS, TRANSFORMER_CONFIGS
 from h3gate.seeded import normal
-
-TRANSFORMER_CLASS = "MiniMaxH3Transformer3DModel"
 
 
 class ModelError(ValueError):
@@ -97,12 +94,14 @@ def tensor_digest(state: dict) -> str:
     return digest.hexdigest()
 
 
-def _identity(config: dict, weights_digest: str) -> str:
+def model_identity(config: dict, weights_digest: str) -> str:
+    """The identity of a transformer config and a digest of its weights."""
     canonical = json.dumps({"config": config, "weights": weights_digest}, sort_keys=True, default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 
-def _plain_config(transformer) -> dict:
+def plain_config(transformer) -> dict:
+    """The transformer's config as plain JSON values, without diffusers' private keys."""
     return json.loads(json.dumps({k: v for k, v in transformer.config.items() if not k.startswith("_")}, default=list))
 
 
@@ -114,55 +113,9 @@ def build_preset(name: str, seed: int = 0) -> Model:
     _init_embedded(transformer, seed)
     _to_checkpoint_precision(transformer)
     transformer.eval()
-    config = _plain_config(transformer)
-    identity = _identity(config, tensor_digest(dict(transformer.named_parameters())))
+    config = plain_config(transformer)
+    identity = model_identity(config, tensor_digest(dict(transformer.named_parameters())))
     return Model(name=name, source=f"preset:{name}:seed={seed}", transformer=transformer, identity=identity, config=config)
-
-
-def _transformer_folder(path: Path) -> Path:
-    """The folder holding the transformer's config.json: the checkpoint root's transformer/ or the folder itself."""
-    if not path.is_dir():
-        raise ModelError(f"checkpoint path {path} is not a folder; pass a diffusers MiniMax-H3 checkpoint folder")
-    for candidate in (path / "transformer", path):
-        config_path = candidate / "config.json"
-        if config_path.is_file():
-            try:
-                class_name = json.loads(config_path.read_text()).get("_class_name")
-            except json.JSONDecodeError as error:
-                raise ModelError(f"{config_path} is not valid JSON ({error}); the checkpoint is damaged") from error
-            if class_name != TRANSFORMER_CLASS:
-                raise ModelError(
-                    f"{config_path} describes a {class_name!r}, not a {TRANSFORMER_CLASS}: {path} is not a MiniMax-H3 "
-                    "checkpoint"
-                )
-            return candidate
-    raise ModelError(
-        f"{path} is not a MiniMax-H3 checkpoint: missing transformer/config.json (with _class_name "
-        f"{TRANSFORMER_CLASS!r}) and transformer/*.safetensors"
-    )
-
-
-def load_checkpoint(path: str | os.PathLike) -> Model:
-    """A local diffusers MiniMax-H3 checkpoint folder, loaded offline at its own mixed precision."""
-    path = Path(path)
-    folder = _transformer_folder(path)
-    weights = sorted(folder.glob("*.safetensors"))
-    if not weights:
-        raise ModelError(f"{folder} has a MiniMax-H3 config.json but no *.safetensors weight files")
-    transformer = MiniMaxH3Transformer3DModel.from_pretrained(folder, torch_dtype=torch.bfloat16, local_files_only=True)
-    # Parameters loaded from an unaligned mmap take another GEMM path on CPU (H3_FACTS): own them.
-    for param in transformer.parameters():
-        param.data = param.data.clone()
-    transformer.eval()
-    config = _plain_config(transformer)
-    weights_digest = hashlib.sha256("".join(f"{w.name}:{file_digest(w)}|" for w in weights).encode()).hexdigest()
-    return Model(
-        name=path.resolve().name,
-        source=str(path.resolve()),
-        transformer=transformer,
-        identity=_identity(config, weights_digest),
-        config=config,
-    )
 
 
 def load_model(spec: str, seed: int = 0) -> Model:
@@ -170,5 +123,7 @@ def load_model(spec: str, seed: int = 0) -> Model:
     if spec in TRANSFORMER_CONFIGS:
         return build_preset(spec, seed)
     if os.sep in spec or Path(spec).exists():
+        from h3gate.checkpoint import load_checkpoint  # checkpoint builds on this module
+
         return load_checkpoint(spec)
     raise ModelError(f"unknown model {spec!r}: use one of {', '.join(PRESETS)} or the path of a checkpoint folder")

@@ -112,18 +112,23 @@ COMPONENT_CONFIGS: dict[str, dict] = {"tiny": _TINY, "small": _TINY}
 ``text_dim`` stays the conditioner's hidden size of 32."""
 
 
-class _ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
-    """``Qwen3VLProcessor`` without a video processor.
+class ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
+    """``Qwen3VLProcessor`` without a video processor, saved and loaded as a ``Qwen3VLProcessor``.
 
     transformers' video processors need torchvision, which is not available beside this torch build, and
-    ``ProcessorMixin``'s class check fails while merely looking the video class up. The t2va and fl2va workflows
-    process images only, so the video slot stays None and is exempt from that one check.
+    ``ProcessorMixin`` checks, saves and loads every sub-processor its attributes list. The t2va and fl2va workflows
+    process images only, so the video processor is left out of the attributes and stays None; the saved
+    ``processor_config.json`` names ``Qwen3VLProcessor``, as the published one does.
     """
 
-    def check_argument_for_proper_class(self, argument_name, argument):
-        if argument_name == "video_processor" and argument is None:
-            return None
-        return super().check_argument_for_proper_class(argument_name, argument)
+    video_processor = None
+
+    @classmethod
+    def get_attributes(cls):
+        return [name for name in super().get_attributes() if name != "video_processor"]
+
+    def to_dict(self):
+        return {**super().to_dict(), "processor_class": Qwen3VLProcessor.__name__}
 
 
 def _component_seed(seed: int, name: str) -> int:
@@ -190,8 +195,6 @@ def build_components(preset: str, seed: int) -> dict[str, object]:
         "audio_scheduler": MiniMaxH3Scheduler(**configs["audio_scheduler"]),
         "text_encoder": _seeded(seed, "text_encoder", lambda: Qwen3VLForConditionalGeneration(text_config)),
         "tokenizer": tokenizer,
-        "processor": _ImageOnlyQwen3VLProcessor(
-            image_processor=image_processor, tokenizer=tokenizer, video_processor=None
-        ),
+        "processor": ImageOnlyQwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer),
         **configs["pipeline"],
     }

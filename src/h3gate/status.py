@@ -18,6 +18,7 @@ Light on purpose: torch is imported only to name a device class (:func:`h3gate.b
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shlex
 from dataclasses import asdict, dataclass
@@ -44,20 +45,43 @@ DEFAULT_THRESHOLDS = "thresholds"
 # The model, named without building it -----------------------------------------------------------------
 
 
+def transformer_folder(root: Path) -> Path | None:
+    """The folder holding a checkpoint's transformer config: ``transformer/`` of a pipeline folder, or the folder
+    itself when it holds a transformer only; None when there is neither."""
+    for folder in (root / "transformer", root):
+        if (folder / "config.json").is_file():
+            return folder
+    return None
+
+
 def _checkpoint_config(spec: str) -> dict:
-    root = Path(spec)
-    for path in (root / "transformer" / "config.json", root / "config.json"):
-        if path.is_file():
-            try:
-                return json.loads(path.read_text())
-            except (OSError, json.JSONDecodeError) as error:
-                raise ValueError(f"{path} is not a readable transformer config ({error})") from error
-    raise ValueError(f"unknown model {spec!r}: use one of {', '.join(TRANSFORMER_CONFIGS)} or a checkpoint folder")
+    folder = transformer_folder(Path(spec))
+    if folder is None:
+        raise ValueError(f"unknown model {spec!r}: use one of {', '.join(TRANSFORMER_CONFIGS)} or a checkpoint folder")
+    path = folder / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{path} is not a readable transformer config ({error})") from error
 
 
 def model_name(spec: str) -> str:
-    """The name a model's thresholds folder has: the preset's name, or the checkpoint folder's name."""
-    return spec if spec in TRANSFORMER_CONFIGS else Path(spec).resolve().name
+    """The name a model's thresholds folder has: the preset's name, or for a checkpoint folder its name and the first
+    12 hex digits of a digest of its transformer (config and weight files), so two checkpoints of one name (two
+    fine-tunes both called ``minimax-h3``) keep their thresholds apart. Weight digests are cached by path, size and
+    mtime (:func:`h3gate.files.file_digest`): a checkpoint is hashed once."""
+    if spec in TRANSFORMER_CONFIGS:
+        return spec
+    from h3gate.files import file_digest
+
+    root = Path(spec).resolve()
+    config = _checkpoint_config(str(root))
+    folder = transformer_folder(root)
+    weights = sorted(folder.glob("*.safetensors"))
+    if not weights:
+        raise ValueError(f"{folder} has a transformer config.json but no *.safetensors weight files")
+    parts = [json.dumps(config, sort_keys=True)] + [f"{path.name}:{file_digest(path)}" for path in weights]
+    return f"{root.name}-{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:12]}"
 
 
 def model_source(spec: str, seed: int = 0) -> str:
