@@ -41,26 +41,32 @@ def run_taps(
     try:
         with numerics.activate(mode), installed:
             taps.forward_backward(numerics.runner(mode, transformer), transformer, inputs, upstream, store, nodes, internal)
-    except (RuntimeError, ValueError, TypeError, IndexError) as error:
+    except CANDIDATE_FAILURES as error:
         if candidate is None:
             raise
-        # A candidate that crashes (a wrong shape, a kernel that refuses its input) is named as the culprit.
-        raise CandidateError(f"candidate {candidate.name} failed in the whole-model run: {type(error).__name__}: {error}") from error
+        raise failed(candidate, error) from error
     if candidate is not None:
-        _check_finite(store, candidate)
+        for name in store:
+            check_finite(candidate, name, store[name])
     return store
 
 
-def _check_finite(store: taps.TapStore, candidate: Candidate) -> None:
+# What a candidate that crashes raises (a wrong shape, a kernel that refuses its input): it is named as the culprit.
+CANDIDATE_FAILURES = (RuntimeError, ValueError, TypeError, IndexError)
+
+
+def failed(candidate: Candidate, error: Exception) -> CandidateError:
+    return CandidateError(f"candidate {candidate.name} failed in the whole-model run: {type(error).__name__}: {error}")
+
+
+def check_finite(candidate: Candidate, name: str, tensor: torch.Tensor) -> None:
     """NaN or Inf from a candidate is an error that names the first tap it reached, not a large error."""
-    for name in store:
-        tensor = store[name]
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
-            raise CandidateError(
-                f"candidate {candidate.name} produced non-finite values in {name} ({nan} NaN, {inf} Inf of "
-                f"{tensor.numel()}); run the kernel gate to find the op"
-            )
+    if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+        nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+        raise CandidateError(
+            f"candidate {candidate.name} produced non-finite values in {name} ({nan} NaN, {inf} Inf of "
+            f"{tensor.numel()}); run the kernel gate to find the op"
+        )
 
 
 def errors_against(store: taps.TapStore, reference: taps.TapStore) -> dict[str, dict]:

@@ -142,30 +142,41 @@ def forward_backward(
     The backward starts from the fixed ``upstream`` gradients of the two outputs (``video``, ``audio``), so
     every run of a gate back-propagates the same cotangent.
     """
-    device = next(transformer.parameters()).device
+    arguments = call_arguments(inputs, next(transformer.parameters()).device)
+    transformer.zero_grad(set_to_none=True)
+    with recording(transformer, store, nodes, internal):
+        output = call(**arguments)
+        upstream_loss(output.sample, output.audio_sample, upstream, store).backward()
+    for name in INPUTS_WITH_GRADIENTS:
+        store.put(f"input_gradients.{name}", grad_or_zeros(arguments[name].grad, arguments[name]))
+    for name, param in transformer.named_parameters():
+        store.put(f"parameter.{name}.grad", grad_or_zeros(param.grad, param))
+    transformer.zero_grad(set_to_none=True)
+    return store
+
+
+def call_arguments(inputs: Mapping[str, torch.Tensor], device) -> dict[str, torch.Tensor]:
+    """The transformer's keyword inputs on ``device``; those of :data:`INPUTS_WITH_GRADIENTS` as fresh leaves that
+    collect their gradient."""
     arguments = {}
     for name, value in inputs.items():
         value = value.to(device)
         if name in INPUTS_WITH_GRADIENTS:
             value = value.detach().clone().requires_grad_(True)
         arguments[name] = value
-    transformer.zero_grad(set_to_none=True)
-    with recording(transformer, store, nodes, internal):
-        output = call(**arguments)
-        store.put("outputs.video", output.sample)
-        store.put("outputs.audio", output.audio_sample)
-        loss = (output.sample.float() * upstream["video"].to(device)).sum() + (
-            output.audio_sample.float() * upstream["audio"].to(device)
-        ).sum()
-        loss.backward()
-    for name in INPUTS_WITH_GRADIENTS:
-        store.put(f"input_gradients.{name}", _grad_or_zeros(arguments[name]))
-    for name, param in transformer.named_parameters():
-        store.put(f"parameter.{name}.grad", _grad_or_zeros(param))
-    transformer.zero_grad(set_to_none=True)
-    return store
+    return arguments
 
 
-def _grad_or_zeros(tensor: torch.Tensor) -> torch.Tensor:
+def upstream_loss(video: torch.Tensor, audio: torch.Tensor, upstream: Mapping[str, torch.Tensor], store) -> torch.Tensor:
+    """The two outputs recorded (``outputs.video``, ``outputs.audio``) and the scalar whose backward sends the fixed
+    ``upstream`` gradients into them."""
+    store.put("outputs.video", video)
+    store.put("outputs.audio", audio)
+    return (video.float() * upstream["video"].to(video.device)).sum() + (
+        audio.float() * upstream["audio"].to(audio.device)
+    ).sum()
+
+
+def grad_or_zeros(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
     """A gradient that never arrived is an exactly-zero gradient, which the gates treat as such."""
-    return tensor.grad if tensor.grad is not None else torch.zeros_like(tensor)
+    return grad if grad is not None else torch.zeros_like(like)
