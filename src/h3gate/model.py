@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import hashlib
+import inspect
 import json
 import os
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from pathlib import Path
 import torch
 from diffusers import MiniMaxH3Transformer3DModel
 
-from h3gate.presets import PRESETS, TRANSFORMER_CONFIGS
+from h3gate.presets import LAYERS_VARIABLE, PRESETS, RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS, release_name
 from h3gate.seeded import normal
 
 
@@ -54,28 +55,36 @@ def keeps_fp32(param_name: str, transformer_cls=MiniMaxH3Transformer3DModel) -> 
     return any(keep in param_name.split(".") for keep in transformer_cls._keep_in_fp32_modules)
 
 
+def _initial_value(name: str, shape: torch.Size, hidden: int, normal, uniform) -> torch.Tensor:
+    """The embedded presets' float32 value of parameter ``name`` (module docstring), from ``normal(shape)`` and
+    ``uniform(shape)`` draws."""
+    if name.endswith(("norm_q.weight", "norm_k.weight")):
+        return 1.5 + 1.5 * uniform(shape)
+    if len(shape) == 1 and "norm" in name.split(".")[-2]:
+        return 1.0 + 0.25 * normal(shape)
+    if name.endswith("adaln_proj.linear.weight") or name.endswith("norm_out.linear.weight"):
+        return normal(shape) * (0.5 / shape[1] ** 0.5)
+    if name.endswith("adaln_proj.linear.bias"):
+        # shift, scale and gate for each modality: order 0.3 around zero, gates around 0.5.
+        value = 0.3 * normal(shape)
+        gates = value.view(-1, 6, hidden)[:, (2, 5)]
+        value.view(-1, 6, hidden)[:, (2, 5)] = gates + 0.5
+        return value
+    if len(shape) == 1:
+        return 0.1 * normal(shape)
+    return normal(shape) / shape[1] ** 0.5
+
+
 def _init_embedded(transformer: MiniMaxH3Transformer3DModel, seed: int) -> None:
     generator = torch.Generator().manual_seed(seed)
     hidden = transformer.config.hidden_size
     with torch.no_grad():
         for name, param in sorted(transformer.named_parameters()):
-            shape = param.shape
-            if name.endswith(("norm_q.weight", "norm_k.weight")):
-                value = 1.5 + 1.5 * torch.rand(shape, generator=generator)
-            elif param.ndim == 1 and "norm" in name.split(".")[-2]:
-                value = 1.0 + 0.25 * normal(shape, generator)
-            elif name.endswith("adaln_proj.linear.weight") or name.endswith("norm_out.linear.weight"):
-                value = normal(shape, generator) * (0.5 / shape[1] ** 0.5)
-            elif name.endswith("adaln_proj.linear.bias"):
-                # shift, scale and gate for each modality: order 0.3 around zero, gates around 0.5.
-                value = 0.3 * normal(shape, generator)
-                gates = value.view(-1, 6, hidden)[:, (2, 5)]
-                value.view(-1, 6, hidden)[:, (2, 5)] = gates + 0.5
-            elif param.ndim == 1:
-                value = 0.1 * normal(shape, generator)
-            else:
-                value = normal(shape, generator) / shape[1] ** 0.5
-            param.copy_(value)
+            param.copy_(_initial_value(
+                name, param.shape, hidden,
+                lambda shape: normal(shape, generator),
+                lambda shape: torch.rand(shape, generator=generator),
+            ))
 
 
 def _to_checkpoint_precision(transformer: MiniMaxH3Transformer3DModel) -> None:
@@ -118,10 +127,87 @@ def build_preset(name: str, seed: int = 0) -> Model:
     return Model(name=name, source=f"preset:{name}:seed={seed}", transformer=transformer, identity=identity, config=config)
 
 
+def _parameter_seed(seed: int, name: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:8], "little") >> 1
+
+
+def _materialised(config: dict, seed: int, device: str) -> MiniMaxH3Transformer3DModel:
+    """``config``'s transformer built on the meta device and materialised on ``device`` at checkpoint precision,
+    each parameter drawn there in float32 (one at a time) by a generator seeded from ``seed`` and its name, so a
+    model of fewer layers holds exactly the leading blocks of a deeper one."""
+    with torch.device("meta"):
+        transformer = MiniMaxH3Transformer3DModel(**config)
+    _to_checkpoint_precision(transformer)
+    transformer.to_empty(device=device)
+    # rope's inv_freq is a computed buffer, not a parameter: to_empty left it uninitialised.
+    transformer.rope = type(transformer.rope)(config["rope_freq_dim"], transformer.config.rope_theta).to(device)
+    generator = torch.Generator(device=device)
+    with torch.no_grad():
+        for name, param in transformer.named_parameters():
+            generator.manual_seed(_parameter_seed(seed, name))
+            param.copy_(_initial_value(
+                name, param.shape, config["hidden_size"],
+                lambda shape: torch.randn(shape, generator=generator, device=device),
+                lambda shape: torch.rand(shape, generator=generator, device=device),
+            ))
+    return transformer.eval()
+
+
+def release_layers(layers: int | str | None = None) -> int:
+    """The number of leading release blocks to build: ``layers``, else ``$H3GATE_LAYERS``, else all 50."""
+    full = RELEASE_CONFIG["num_layers"]
+    value = layers if layers is not None else os.environ.get(LAYERS_VARIABLE) or full
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= full:
+        raise ModelError(f"the release model has 1 to {full} blocks; {LAYERS_VARIABLE}={value!r} is not one of them")
+    return count
+
+
+def build_release(seed: int = 0, layers: int | None = None, device: str = "cuda") -> Model:
+    """The release-size transformer (``presets.RELEASE_CONFIG``, or its first ``layers`` blocks) with the embedded
+    presets' init scheme, built directly on a CUDA device.
+
+    Its 33.1 B parameters would take 133 GB of float32 on the host; here the GPU holds them at checkpoint precision
+    (61.7 GiB) and draws them with torch's Philox generator. The identity is the recipe, not a digest of 66 GB:
+    config, seed, the init code, torch's version and the GPU (the CUDA generator's values depend on its
+    multiprocessor count).
+    """
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        raise ModelError(
+            f"the {RELEASE} model is built on a CUDA GPU with about 70 GiB free (61.7 GiB of bfloat16 weights); "
+            f"device {device!r} is not one (torch.cuda.is_available() is {torch.cuda.is_available()})"
+        )
+    layers = release_layers(layers)
+    transformer = _materialised({**RELEASE_CONFIG, "num_layers": layers}, seed, device)
+    properties = torch.cuda.get_device_properties(device)
+    recipe = {
+        "seed": seed,
+        "init": hashlib.sha256((inspect.getsource(_initial_value) + inspect.getsource(_materialised)).encode()).hexdigest(),
+        "torch": torch.__version__,
+        "gpu": properties.name,
+        "multiprocessors": properties.multi_processor_count,
+    }
+    config = plain_config(transformer)
+    partial = "" if layers == RELEASE_CONFIG["num_layers"] else f":layers={layers}"
+    return Model(
+        name=release_name(layers),
+        source=f"preset:{RELEASE}:seed={seed}{partial}",
+        transformer=transformer,
+        identity=model_identity(config, hashlib.sha256(json.dumps(recipe, sort_keys=True).encode()).hexdigest()),
+        config=config,
+    )
+
+
 def load_model(spec: str, seed: int = 0) -> Model:
-    """``tiny``/``small`` (embedded) or the path of a checkpoint folder."""
+    """``tiny``/``small`` (embedded), ``release`` (built on the GPU, :func:`build_release`) or the path of a
+    checkpoint folder."""
     if spec in TRANSFORMER_CONFIGS:
         return build_preset(spec, seed)
+    if spec == RELEASE:
+        return build_release(seed)
     if os.sep in spec or Path(spec).exists():
         from h3gate.checkpoint import load_checkpoint  # checkpoint builds on this module
 

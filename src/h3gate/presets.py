@@ -41,3 +41,31 @@ TRANSFORMER_CONFIGS = {
 }
 
 PRESETS = tuple(TRANSFORMER_CONFIGS)
+
+# The release transformer (H3_FACTS): diffusers' MiniMaxH3Transformer3DModel defaults, which a test holds equal.
+# Built in-process on a GPU with random weights by ``h3gate.model.build_release``; not one of PRESETS, which the
+# CPU suite and ``make gate`` iterate: it needs about 70 GiB of GPU memory.
+RELEASE = "release"
+RELEASE_CONFIG = dict(
+    num_attention_heads=56,
+    attention_head_dim=128,
+    hidden_size=5376,
+    num_layers=50,
+    num_refiner_layers=2,
+    ffn_dim=14336,
+    in_channels=24,
+    audio_in_channels=32,
+    patch_size=(1, 2, 2),
+    text_dim=5120,
+    freq_dim=256,
+    time_embed_hidden_dim=5376,
+    time_embed_dim=2688,
+    rope_freq_dim=16,
+)
+# A leading subset of the release blocks (a partial model, for measuring per-block cost): the number of blocks.
+LAYERS_VARIABLE = "H3GATE_LAYERS"
+
+
+def release_name(layers: int | None) -> str:
+    """The release model's name (its thresholds folder): ``release``, or ``release-layers<N>`` for a partial one."""
+    return RELEASE if layers is None or layers == RELEASE_CONFIG["num_layers"] else f"{RELEASE}-layers{layers}"
