@@ -2,6 +2,7 @@
 makes it) or stale; its one-line summary in the pytest header; a gate item without bounds fails at once."""
 
 import json
+import re
 import shlex
 import shutil
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import pytest
 
 from h3gate import status as status_mod
+from h3gate.checkpoint import load_checkpoint
 from h3gate.bounds import lock_files
 from h3gate.cli import main
 
@@ -144,10 +146,12 @@ def test_the_installed_command(tmp_path):
 
 def test_model_names_and_sources_without_building_the_model(tiny, tmp_path):
     assert (status_mod.model_name("tiny"), status_mod.model_source("tiny")) == (tiny.name, tiny.source)
-    assert status_mod.model_name(str(tmp_path / "ckpt")) == "ckpt"
-    (tmp_path / "ckpt" / "transformer").mkdir(parents=True)
-    (tmp_path / "ckpt" / "transformer" / "config.json").write_text(json.dumps({"num_layers": 3}))
-    assert status_mod.num_layers(str(tmp_path / "ckpt")) == 3
+    tiny.transformer.save_pretrained(tmp_path / "ckpt" / "transformer")
+    name = status_mod.model_name(str(tmp_path / "ckpt"))  # the folder's name and 12 hex of its transformer
+    assert re.fullmatch(r"ckpt-[0-9a-f]{12}", name) and load_checkpoint(tmp_path / "ckpt").name == name
+    (tmp_path / "other" / "transformer").mkdir(parents=True)
+    (tmp_path / "other" / "transformer" / "config.json").write_text(json.dumps({"num_layers": 3}))
+    assert status_mod.num_layers(str(tmp_path / "other")) == 3
 
 
 # The plugin ----------------------------------------------------------------------------------------------
