@@ -13,18 +13,16 @@ import sys
 
 import pytest
 
-from h3gate.gates import KINDS
+from h3gate import gates as registry
 from pytest_h3 import distribution, settings
 from pytest_h3.ledger import gate_of
 from pytest_h3.session import H3Session, SESSION_KEY
 from pytest_h3.settings import PROFILES
 
 MARKER_HELP = (
-    "h3_gate(kind, **params): a qualification gate of kind kernel, block, model, generation or power; list params "
-    "(seeds=[...], blocks=[...], ops=[...] with dtypes=[...]) become one test item per value"
+    f"h3_gate(kind, **params): a qualification gate of kind {', '.join(registry.kinds())}; list params "
+    "(seeds=[...], blocks=[...] or 'all', ops=[...] with dtypes=[...]) become one test item per value"
 )
-# List params of the h3_gate marker: the name each item's value takes, and the prefix of its test id.
-_PARAM_IDS = {"seeds": ("seed", "seed"), "blocks": ("block", "block"), "ops": ("op", ""), "dtypes": ("dtype", "")}
 
 
 def pytest_addoption(parser):
@@ -193,10 +191,11 @@ def pytest_collection_modifyitems(session, config, items):
     # Cheap before expensive: gate items after other tests, kernel -> block -> model -> generation.
     def rank(item):
         gate = gate_of(item)
-        return 0 if gate is None else 1 + KINDS.index(gate["gate"])
+        return 0 if gate is None else 1 + registry.kinds().index(gate["gate"])
 
     items.sort(key=rank)
-    h3.model_gate_scheduled = any((gate_of(item) or {}).get("gate") == "model" for item in items)
+    scheduled = {(gate_of(item) or {}).get("gate") for item in items}
+    h3.gates_scheduled = {kind: kind in scheduled for kind in registry.kinds()}
 
 
 @pytest.hookimpl(wrapper=True)
@@ -205,21 +204,21 @@ def pytest_runtest_makereport(item, call):
     gate = gate_of(item)
     if gate is not None:
         report.h3_gate = gate  # rides to the xdist controller with the report
-        if gate["gate"] == "model":
-            _record_unrun_model_gate(item, report)
+        if gate["gate"] in registry.required():
+            _record_unrun(item, gate["gate"], report)
     return report
 
 
-def _record_unrun_model_gate(item, report) -> None:
-    """A model gate item that ended without its runner recording an outcome (skipped, a setup error, a test body
-    that never ran the gate) records one here: generation items waiting for it must not wait in vain."""
+def _record_unrun(item, kind: str, report) -> None:
+    """An item of a required gate that ended without its runner recording an outcome (skipped, a setup error, a test
+    body that never ran the gate) records one here: items waiting for it must not wait in vain."""
     h3 = item.config.stash[SESSION_KEY]
-    if h3.freezing or item.nodeid in h3.model_gate_recorded or report.when == "teardown":
+    if h3.freezing or item.nodeid in h3.required_recorded or report.when == "teardown":
         return
     if report.when == "setup" and report.passed:
         return
-    from h3gate.gates import generation as generation_gate
-    from pytest_h3.gates import record_model_gate
+    from h3gate import gate_passes
+    from pytest_h3.gates import record
 
     lines = [line for line in report.longreprtext.strip().splitlines() if line.strip()]
     if report.passed:
@@ -228,9 +227,9 @@ def _record_unrun_model_gate(item, report) -> None:
         what = "skipped" if report.skipped else ("setup error" if report.when == "setup" else report.outcome)
         reason = f"{what}: {lines[-1].strip()}" if lines else what
     try:
-        record_model_gate(h3, item.nodeid, generation_gate.DID_NOT_RUN, reason)
+        record(h3, kind, item.nodeid, gate_passes.DID_NOT_RUN, reason)
     except Exception as error:  # never turn a report into a crash of the run
-        h3.summary.append(f"could not record the model gate's outcome for {item.nodeid}: {error}")
+        h3.summary.append(f"could not record the {kind} gate's outcome for {item.nodeid}: {error}")
 
 
 def pytest_report_header(config):
@@ -270,7 +269,7 @@ def pytest_generate_tests(metafunc):
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: a test marked h3_gate must take the h3_gate fixture")
     h3 = metafunc.config.stash[SESSION_KEY]
     kind = marker.args[0]
-    lists = {key: value for key, value in marker.kwargs.items() if key in _PARAM_IDS}
+    lists = {key: value for key, value in marker.kwargs.items() if key in _list_markers()}
     try:
         lists = h3.resolve_params(kind, lists, where=metafunc.definition.nodeid)
     except ValueError as error:
@@ -278,12 +277,18 @@ def pytest_generate_tests(metafunc):
     if not lists:
         return
     # One item per combination (the kernel gate's ops x dtypes), ids joined with '-': test_kernel[attention-float32].
-    combinations = itertools.product(*([(key, value) for value in values] for key, values in lists.items()))
+    taken = {param.marker: param for param in registry.REGISTRY[kind].lists}
+    combinations = itertools.product(*([(taken[key], value) for value in values] for key, values in lists.items()))
     params, ids = [], []
     for combination in combinations:
-        params.append({_PARAM_IDS[key][0]: value for key, value in combination})
-        ids.append("-".join(f"{_PARAM_IDS[key][1]}{value}" for key, value in combination))
+        params.append({param.param: value for param, value in combination})
+        ids.append("-".join(f"{param.prefix}{value}" for param, value in combination))
     metafunc.parametrize("h3_gate", params, ids=ids, indirect=True)
+
+
+def _list_markers() -> set[str]:
+    """The marker keywords that are list params of some registered gate (the others are the gate's options)."""
+    return {param.marker for gate in registry.REGISTRY.values() for param in gate.lists}
 
 
 @pytest.fixture
@@ -299,7 +304,7 @@ def h3_gate(request, h3_session, record_property):
     if marker is None:
         raise pytest.UsageError(f"{request.node.nodeid} uses the h3_gate fixture but has no h3_gate marker")
     params = dict(getattr(request, "param", {}) or {})
-    options = {key: value for key, value in marker.kwargs.items() if key not in _PARAM_IDS}
+    options = {key: value for key, value in marker.kwargs.items() if key not in _list_markers()}
     return h3_session.gate(marker.args[0], params, options, request.node, record_property)
 
 
@@ -308,23 +313,3 @@ def pytest_sessionfinish(session, exitstatus):
     h3 = session.config.stash.get(SESSION_KEY, None)
     if h3 is not None:
         h3.finish()
-
-
-def freeze_command(config, nodeid: str) -> str:
-    """The exact command that freezes the bounds a gate item needs."""
-    from h3gate.status import freeze_command as command
-
-    return command(nodeid, config.getoption("--h3-model"), config.getoption("--h3-device"),
-                   config.getoption("--h3-thresholds"))
-
-
-def terminal_write(config, text: str) -> None:
-    """Write to the terminal past pytest's output capture (progress of long phases)."""
-    capture = config.pluginmanager.getplugin("capturemanager")
-    if capture is None:
-        sys.stderr.write(text)
-        return
-    with capture.global_and_fixture_disabled():
-        sys.stderr.write(text)
-        sys.stderr.flush()
-

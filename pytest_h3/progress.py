@@ -16,9 +16,14 @@ class Terminal:
         self.config = config
 
     def write(self, text: str) -> None:
-        from pytest_h3.plugin import terminal_write
-
-        terminal_write(self.config, text)
+        """Write past pytest's output capture (the test's own output stays captured)."""
+        capture = self.config.pluginmanager.getplugin("capturemanager")
+        if capture is None:
+            sys.stderr.write(text)
+            return
+        with capture.global_and_fixture_disabled():
+            sys.stderr.write(text)
+            sys.stderr.flush()
 
     def flush(self) -> None:
         pass

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from h3gate.files import write_json
-from h3gate.gates import KINDS
+from h3gate import gates as registry
 from h3gate.presets import TRANSFORMER_CONFIGS
 from h3gate.verdict import Check, GateResult
 from pytest_h3 import distribution
@@ -34,11 +34,11 @@ class H3Session:
         self.thresholds = Path(thresholds) if thresholds else Path(config.rootpath) / "thresholds"
         self.ledger = Ledger()
         self.frozen_here: set = set()  # bounds files this (freezing) session wrote
-        self.model_gate_scheduled = False  # a model gate item is among this session's items
+        self.gates_scheduled: dict[str, bool] = {}  # gate kind -> an item of it is among this session's items
         self.summary: list[str] = []
         # One id per test run, shared by its xdist workers: a model gate verdict recorded under it is this run's.
         self.run_id = os.environ.get("PYTEST_XDIST_TESTRUNUID") or uuid.uuid4().hex
-        self.model_gate_recorded: set = set()  # model gate items whose outcome this process recorded
+        self.required_recorded: set = set()  # items of required gates whose outcome this process recorded
         self._model = None
         self._candidate = None
         self.sign_key = None  # checked when the session starts (pytest_h3.settings)
@@ -89,8 +89,8 @@ class H3Session:
         return self._model.name if self._model is not None else model_name(self.config.getoption("--h3-model"))
 
     def model_ref(self):
-        """The model as the model gate's verdict records name it: its source, and its identity once it is built."""
-        from h3gate.gates.generation import ModelRef
+        """The model as verdict records name it (:mod:`h3gate.gate_passes`): its source, and its identity once built."""
+        from h3gate.gate_passes import ModelRef
         from h3gate.status import model_source
 
         if self._model is not None:
@@ -129,37 +129,32 @@ class H3Session:
     # Collection -----------------------------------------------------------------------------------------
 
     def resolve_params(self, kind: str, lists: dict, where: str) -> dict:
-        """Validate a marker's kind and list params; an empty, duplicate or out-of-range list is an error."""
-        if kind not in KINDS:
-            raise ValueError(f"{where}: unknown gate kind {kind!r}; kinds: {', '.join(KINDS)}")
-        if len(lists) > 1 and set(lists) != {"ops", "dtypes"}:
-            raise ValueError(f"{where}: one list parameter per gate test (or the kernel gate's ops with dtypes), "
-                             f"got {sorted(lists)}")
-        if "dtypes" in lists and kind != "kernel":
-            raise ValueError(f"{where}: dtypes=[...] applies to the kernel gate only")
-        if lists.get("blocks") == "all":
-            lists = {**lists, "blocks": list(range(self.model_config()["num_layers"]))}
+        """Validate a marker's kind and list params against the gate's registry entry: a list the gate does not
+        take, an empty, duplicate or unknown value is an error naming the test."""
+        if kind not in registry.REGISTRY:
+            raise ValueError(f"{where}: unknown gate kind {kind!r}; kinds: {', '.join(registry.kinds())}")
+        gate = registry.REGISTRY[kind]
+        taken = {param.marker: param for param in gate.lists}
+        foreign = sorted(set(lists) - set(taken))
+        if foreign:
+            raise ValueError(f"{where}: the {kind} gate takes {', '.join(taken) or 'no list parameter'}, "
+                             f"not {', '.join(foreign)}")
         for key, values in lists.items():
+            param = taken[key]
+            choices = gate.choices(param, self.model_config)
+            if values == "all" and choices is not None:
+                values = lists[key] = list(choices)
             if not isinstance(values, (list, tuple)) or not values:
                 raise ValueError(f"{where}: {key} must be a non-empty list, got {values!r}")
-            element = str if key in ("ops", "dtypes") else int
-            if any(isinstance(v, bool) or not isinstance(v, element) for v in values):
-                raise ValueError(f"{where}: {key} must be a list of {element.__name__}, got {values!r}")
+            if any(isinstance(v, bool) or not isinstance(v, param.element) for v in values):
+                raise ValueError(f"{where}: {key} must be a list of {param.element.__name__}, got {values!r}")
             duplicates = sorted({v for v in values if list(values).count(v) > 1})
             if duplicates:
                 raise ValueError(f"{where}: {key} lists {duplicates} more than once")
-            if key == "blocks":
-                layers = self.model_config()["num_layers"]
-                bad = [v for v in values if not 0 <= v < layers]
-                if bad:
-                    raise ValueError(f"{where}: block indices {bad} out of range: the model has blocks 0..{layers - 1}")
-            if key in ("ops", "dtypes"):
-                from h3gate.gates import kernel
-
-                known = {"ops": kernel.OPS, "dtypes": kernel.DTYPES}[key]
-                unknown = [v for v in values if v not in known]
-                if unknown:
-                    raise ValueError(f"{where}: unknown kernel {key} {unknown}; {key}: {', '.join(known)}")
+            unknown = [v for v in values if choices is not None and v not in choices]
+            if unknown:
+                raise ValueError(f"{where}: {key} {unknown} are not among the {kind} gate's on this model: "
+                                 f"{', '.join(map(str, choices))}")
         return lists
 
     # Session start and end ------------------------------------------------------------------------------
@@ -219,10 +214,10 @@ class GateItem:
         self.record_property = record_property
 
     def run(self) -> GateResult:
-        from pytest_h3.gates import RUNNERS
+        from pytest_h3 import gates
         from pytest_h3.report import device_facts
 
-        result = RUNNERS[self.kind](self)
+        result = gates.run(self)
         if self.session.model_loaded:  # an item that failed before building the model (missing bounds) names none
             result.context.setdefault("model", {"name": self.session.model.name, "identity": self.session.model.identity,
                                                 "source": self.session.model.source})
@@ -237,11 +232,28 @@ class GateItem:
             self.record_property("h3_bounds_sha256", result.context["bounds_sha256"])
         return result
 
+    def gate_run(self):
+        """This item as the gate protocol sees it (:class:`h3gate.gates.GateRun`)."""
+        from h3gate.gates import GateRun
+
+        session, option = self.session, self.session.config.getoption
+        variants = option("--h3-variants")
+        return GateRun(
+            session.model_name, lambda: session.model, session.device, session.thresholds, session.out,
+            candidate=None if session.freezing else session.candidate, params=self.params, options=self.options,
+            variant_names=variants.split(",") if variants else None, force_reason=option("--h3-freeze-force"),
+            kernel_examples=option("--h3-kernel-examples"), verify_last_step=option("--h3-verify-last-step"),
+            required_override=option("--h3-skip-model-gate"), progress=self.progress, stream=self.progress_stream(),
+        )
+
     def missing_bounds(self, error: Exception) -> GateResult:
         """Missing or unusable bounds fail the gate and say exactly how to freeze them."""
-        from pytest_h3.plugin import freeze_command
+        from h3gate.status import freeze_command
 
-        reason = f"{error}; freeze them with: {freeze_command(self.session.config, self.node.nodeid)}"
+        config = self.session.config
+        command = freeze_command(self.node.nodeid, config.getoption("--h3-model"), config.getoption("--h3-device"),
+                                 config.getoption("--h3-thresholds"))
+        reason = f"{error}; freeze them with: {command}"
         return GateResult(self.kind, self.params, [Check.failed("bounds", "missing", reason)])
 
     def frozen(self, frozen) -> GateResult:
@@ -258,7 +270,7 @@ class GateItem:
 
         return Terminal(self.session.config)
 
-    def progress(self, total: int):
+    def progress(self, total: int | None):
         from pytest_h3.progress import Progress
 
         return Progress(self.session.config, f"{self.kind} gate", total)

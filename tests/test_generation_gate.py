@@ -13,6 +13,7 @@ import torch
 from broken import AudioTakesTextModulation
 from h3gate import bounds as bounds_mod
 from h3gate import candidates, generation_contract, resume
+from h3gate import gate_passes as passes
 from h3gate.candidates import Candidate, ProviderCandidate, source_digest
 from h3gate.files import FileFormatError, sha256_file
 from h3gate.gates import generation as gate
@@ -81,7 +82,7 @@ class Setup:
 
     def check(self, candidate, seed=42, record=True, **options):
         if record:
-            gate.record_model_gate_outcome(self.out, self.tiny, candidate.identity(), bounds_sha256="model-bounds-sha256")
+            passes.record(self.out, "model", self.tiny, candidate.identity(), bounds_sha256="model-bounds-sha256")
         return gate.check(self.tiny, candidate, self.contract, self.frozen, "cpu", seed, self.out, **options)
 
 
@@ -177,7 +178,7 @@ def test_freezing_calibrates_from_the_variants_and_locks(setup):
     for metric in ("video_temporal_rmse", "audio_relative_l2"):
         assert frozen.bounds[metric] == pytest.approx((1 + margin) * worst(metric, max))
     assert 0 < frozen.bounds["audio_relative_l2"] < setup.contract.fixed_bounds["audio_relative_l2"]
-    loaded = gate.load_bounds(setup.thresholds, setup.tiny, setup.contract, "cpu")
+    loaded = gate.frozen_bounds(setup.thresholds, setup.tiny, setup.contract, "cpu")
     assert loaded.bounds == frozen.bounds and loaded.non_discriminating == []
     with pytest.raises(bounds_mod.BoundsError, match="exists: frozen bounds are not overwritten"):
         gate.freeze(setup.tiny, setup.contract, "cpu", setup.thresholds, VARIANTS, out_dir=setup.out)
@@ -261,7 +262,7 @@ def test_verify_last_step_catches_a_nondeterministic_candidate(setup):
 
 def test_the_model_gate_must_pass_first(setup):
     candidate = Sourced(Path(resume.__file__).parent / "gates", "unrecorded")
-    with pytest.raises(gate.ModelGateNotPassed, match="run the model gate first"):
+    with pytest.raises(passes.NotPassed, match="run the model gate first"):
         setup.check(candidate, record=False)
     result = setup.check(candidate, record=False, model_gate_override="model gate ran on another machine")
     assert result.passed and result.context["model_gate"] == {"status": "overridden", "reason": "model gate ran on another machine"}
@@ -309,7 +310,7 @@ def test_the_preflight_contract_qualifies_the_product_candidate(tiny, tmp_path):
     assert frozen.path.name == "generation-preflight-bounds.json"
     bounds_mod.verify_lock(thresholds)
     for candidate in (ProviderCandidate(), candidates.load("h3_triton")):
-        gate.record_model_gate_outcome(tmp_path / "out", tiny, candidate.identity(), bounds_sha256="model-bounds-sha256")
+        passes.record(tmp_path / "out", "model", tiny, candidate.identity(), bounds_sha256="model-bounds-sha256")
         result = gate.check(tiny, candidate, contract, frozen, "cpu", 42, tmp_path / "out")
         assert result.passed, result.report()
     assert 0 < result.metrics["values"]["audio_relative_l2"], "h3_triton's arithmetic is not the provider's"

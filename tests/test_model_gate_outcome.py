@@ -11,6 +11,7 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from h3gate import bounds as bounds_mod
+from h3gate import gate_passes as passes
 from h3gate import generation_contract
 from h3gate.contract import load_model_contract
 from h3gate.gates import generation as gate
@@ -27,56 +28,56 @@ CANDIDATE = {"name": "crashes"}
 def test_wait_returns_the_outcome_as_soon_as_it_is_recorded(tiny, tmp_path):
     def later():
         time.sleep(0.3)
-        gate.record_model_gate_outcome(tmp_path, tiny, CANDIDATE, gate.CRASHED, reason="RuntimeError: boom", run="A")
+        passes.record(tmp_path, "model", tiny, CANDIDATE, passes.CRASHED, reason="RuntimeError: boom", run="A")
 
     writer = threading.Thread(target=later)
     started = time.monotonic()
     writer.start()
-    record = gate.wait_for_model_gate(tmp_path, tiny, CANDIDATE, run="A", timeout=30, poll=0.05)
+    record = passes.wait(tmp_path, "model", tiny, CANDIDATE, run="A", timeout=30, poll=0.05)
     writer.join()
     assert time.monotonic() - started < 5
     assert (record["outcome"], record["reason"], record["passed"]) == ("crashed", "RuntimeError: boom", False)
-    with pytest.raises(gate.ModelGateNotPassed, match="did not pass for candidate 'crashes': crashed: RuntimeError: boom"):
-        gate.require_model_gate_pass(tmp_path, tiny, CANDIDATE)
-    assert gate.require_model_gate_pass(tmp_path, tiny, CANDIDATE, override="ran elsewhere")["status"] == "overridden"
-    assert [p.name for p in (tmp_path / "gate-passes" / "model").iterdir()] == [f"{gate._pass_path(tmp_path, tiny, CANDIDATE).name}"]
+    with pytest.raises(passes.NotPassed, match="did not pass for candidate 'crashes': crashed: RuntimeError: boom"):
+        passes.require_pass(tmp_path, "model", tiny, CANDIDATE)
+    assert passes.require_pass(tmp_path, "model", tiny, CANDIDATE, override="ran elsewhere")["status"] == "overridden"
+    assert [p.name for p in (tmp_path / "gate-passes" / "model").iterdir()] == [passes._path(tmp_path, "model", tiny, CANDIDATE).name]
 
 
 def test_wait_counts_only_its_own_run_and_final_outcomes(tiny, tmp_path):
-    gate.record_model_gate_outcome(tmp_path, tiny, CANDIDATE, gate.PASSED, run="an earlier run")
-    assert gate.wait_for_model_gate(tmp_path, tiny, CANDIDATE, run="this run", timeout=0.2, poll=0.05) is None
-    gate.record_model_gate_outcome(tmp_path, tiny, CANDIDATE, gate.RUNNING, run="this run")  # this process: alive
-    assert gate.wait_for_model_gate(tmp_path, tiny, CANDIDATE, run="this run", timeout=0.2, poll=0.05) is None
-    assert gate.wait_for_model_gate(tmp_path, tiny, CANDIDATE, timeout=0.2, poll=0.05) is None
+    passes.record(tmp_path, "model", tiny, CANDIDATE, passes.PASSED, run="an earlier run")
+    assert passes.wait(tmp_path, "model", tiny, CANDIDATE, run="this run", timeout=0.2, poll=0.05) is None
+    passes.record(tmp_path, "model", tiny, CANDIDATE, passes.RUNNING, run="this run")  # this process: alive
+    assert passes.wait(tmp_path, "model", tiny, CANDIDATE, run="this run", timeout=0.2, poll=0.05) is None
+    assert passes.wait(tmp_path, "model", tiny, CANDIDATE, timeout=0.2, poll=0.05) is None
 
 
 def test_a_running_record_of_a_process_that_ended_is_a_crash(tiny, tmp_path):
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    gate.record_model_gate_outcome(tmp_path, tiny, CANDIDATE, gate.RUNNING, run="R")
-    path = gate._pass_path(tmp_path, tiny, CANDIDATE)
+    passes.record(tmp_path, "model", tiny, CANDIDATE, passes.RUNNING, run="R")
+    path = passes._path(tmp_path, "model", tiny, CANDIDATE)
     path.write_text(json.dumps({**json.loads(path.read_text()), "pid": int(gone.stdout)}))
     started = time.monotonic()
-    record = gate.wait_for_model_gate(tmp_path, tiny, CANDIDATE, run="R", timeout=30, poll=0.05)
+    record = passes.wait(tmp_path, "model", tiny, CANDIDATE, run="R", timeout=30, poll=0.05)
     assert time.monotonic() - started < 5
     assert record["outcome"] == "crashed" and "ended without a verdict" in record["reason"]
 
 
 def test_missing_bounds_and_unknown_outcomes(tiny, tmp_path):
     command = "pytest tests/gates/test_model.py --h3-freeze --h3-model=tiny --h3-device=cpu"
-    ref = gate.ModelRef(tiny.source)  # the model gate failed before building the model: no identity yet
-    gate.record_model_gate_outcome(tmp_path, ref, CANDIDATE, gate.MISSING_BOUNDS, reason=f"no frozen model bounds; freeze them with: {command}")
-    with pytest.raises(gate.ModelGateNotPassed, match=f"missing bounds: no frozen model bounds; freeze them with: {command}"):
-        gate.require_model_gate_pass(tmp_path, tiny, CANDIDATE)
+    ref = passes.ModelRef(tiny.source)  # the model gate failed before building the model: no identity yet
+    passes.record(tmp_path, "model", ref, CANDIDATE, passes.MISSING_BOUNDS, reason=f"no frozen model bounds; freeze them with: {command}")
+    with pytest.raises(passes.NotPassed, match=f"missing bounds: no frozen model bounds; freeze them with: {command}"):
+        passes.require_pass(tmp_path, "model", tiny, CANDIDATE)
     with pytest.raises(ValueError, match="unknown model gate outcome"):
-        gate.record_model_gate_outcome(tmp_path, tiny, CANDIDATE, "maybe")
+        passes.record(tmp_path, "model", tiny, CANDIDATE, "maybe")
 
 
 def test_a_pass_counts_only_for_the_model_identity_it_was_recorded_for(tiny, tmp_path):
-    gate.record_model_gate_outcome(tmp_path, gate.ModelRef(tiny.source, "another identity"), CANDIDATE, gate.PASSED)
-    with pytest.raises(gate.ModelGateNotPassed, match="run the model gate first"):
-        gate.require_model_gate_pass(tmp_path, tiny, CANDIDATE)
-    gate.record_model_gate_outcome(tmp_path, tiny, CANDIDATE, gate.PASSED, bounds_sha256="abc")
-    assert gate.require_model_gate_pass(tmp_path, tiny, CANDIDATE)["bounds_sha256"] == "abc"
+    passes.record(tmp_path, "model", passes.ModelRef(tiny.source, "another identity"), CANDIDATE, passes.PASSED)
+    with pytest.raises(passes.NotPassed, match="run the model gate first"):
+        passes.require_pass(tmp_path, "model", tiny, CANDIDATE)
+    passes.record(tmp_path, "model", tiny, CANDIDATE, passes.PASSED, bounds_sha256="abc")
+    assert passes.require_pass(tmp_path, "model", tiny, CANDIDATE)["bounds_sha256"] == "abc"
 
 
 # Under xdist ----------------------------------------------------------------------------------------------

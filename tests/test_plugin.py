@@ -43,7 +43,7 @@ def test_list_params_become_items_and_gate_marker_is_added(project):
         test_seeds="""
 import pytest
 
-@pytest.mark.h3_gate("model", seeds=[42, 43])
+@pytest.mark.h3_gate("generation", seeds=[42, 43])
 def test_seeded(h3_gate):
     pass
 """
@@ -68,40 +68,30 @@ def test_kernel(h3_gate):
 
 
 @pytest.mark.parametrize(
-    "params, message",
+    "kind, params, message",
     [
-        ("seeds=[]", "seeds must be a non-empty list"),
-        ("seeds=[42], blocks=[0]", "one list parameter per gate test"),
-        ("dtypes=['float32']", "dtypes=[[]...[]] applies to the kernel gate only"),
-        ("seeds=[42, 42]", "seeds lists [[]42[]] more than once"),
-        ("blocks=[0, 2]", "block indices [[]2[]] out of range: the model has blocks 0..1"),
-        ("blocks=[-1]", "block indices [[]-1[]] out of range"),
+        ("generation", "seeds=[]", "seeds must be a non-empty list"),
+        ("model", "seeds=[42], blocks=[0]", "the model gate takes no list parameter, not blocks, seeds"),
+        ("block", "dtypes=['float32']", "the block gate takes blocks, not dtypes"),
+        ("generation", "seeds=[42, 42]", "seeds lists [[]42[]] more than once"),
+        ("generation", "seeds=['42']", "seeds must be a list of int"),
+        ("block", "blocks=[0, 2]", "blocks [[]2[]] are not among the block gate's on this model: 0, 1"),
+        ("block", "blocks=[-1]", "blocks [[]-1[]] are not among the block gate's"),
+        ("kernel", "ops=['swiglu'], dtypes=['float16']", "dtypes [[]'float16'[]] are not among the kernel gate's on "
+         "this model: bfloat16, float32"),
     ],
 )
-def test_bad_params_are_collection_errors(project, params, message):
+def test_bad_params_are_collection_errors(project, kind, params, message):
     project.makepyfile(test_bad=f"""
 import pytest
 
-@pytest.mark.h3_gate("model", {params})
+@pytest.mark.h3_gate("{kind}", {params})
 def test_bad(h3_gate):
     pass
 """)
     result = _run(project, "--collect-only", "test_bad.py")
     assert result.ret != 0
     result.stdout.fnmatch_lines([f"*{message}*"])
-
-
-def test_unknown_kernel_dtype(project):
-    project.makepyfile(test_dtype="""
-import pytest
-
-@pytest.mark.h3_gate("kernel", ops=["swiglu"], dtypes=["float16"])
-def test_kernel(h3_gate):
-    pass
-""")
-    result = _run(project, "--collect-only", "test_dtype.py")
-    assert result.ret != 0
-    result.stdout.fnmatch_lines(["*unknown kernel dtypes [[]'float16'[]]; dtypes: bfloat16, float32*"])
 
 
 def test_unknown_kind(project):

@@ -245,19 +245,25 @@ def _power(args) -> int:
     from h3gate.files import dumps, write_atomic
     from h3gate.model import load_model
 
+    from h3gate.bounds import BoundsError
+    from h3gate.files import FileFormatError
+
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     base = load(args.base or ("h3_triton" if device.startswith("cuda") else "provider"))
-    report = power.run(
-        load_model(args.model),
-        device,
-        Path(args.thresholds),
-        Path(args.out),
-        base,
-        mutants=args.mutants.split(",") if args.mutants else tuple(power.MUTANTS),
-        variants=args.variants.split(",") if args.variants else None,
-        gates=tuple(args.gates.split(",")),
-        progress=lambda message: print(f"  {message}", file=sys.stderr, flush=True),
-    )
+    try:
+        report = power.measure(
+            load_model(args.model),
+            device,
+            Path(args.thresholds),
+            Path(args.out),
+            base,
+            mutants=args.mutants.split(",") if args.mutants else tuple(power.MUTANTS),
+            variants=args.variants.split(",") if args.variants else None,
+            gates=args.gates.split(",") if args.gates else None,
+            progress=lambda message: print(f"  {message}", file=sys.stderr, flush=True),
+        )
+    except (BoundsError, FileFormatError, ValueError) as error:
+        return _refuse("power", 2, str(error))
     print(f"mutants of {base.name}; gates meant for each mutant must catch it, variants must pass everywhere")
     print(report.table())
     print(f"non-discriminating model-gate taps (no mutant exceeded them): {', '.join(report.non_discriminating) or 'none'}")
@@ -269,6 +275,8 @@ def _power(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from h3gate.gates import kinds
+
     parser = argparse.ArgumentParser(
         prog="h3gate",
         description="Kernel qualification for the MiniMax-H3 transformer. The gates themselves run under pytest "
@@ -375,7 +383,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="candidate the mutants are made from (default: h3_triton on a GPU; provider on CPU, where Triton's "
         "interpreter makes each h3_triton gate run take minutes - the bugs are emulated identically around either)",
     )
-    power.add_argument("--gates", default=",".join(("kernel", "block", "model", "generation")), help="comma-separated gates")
+    power.add_argument("--gates", default=None, help="comma-separated gates (default: every registered gate but power: "
+                       + ", ".join(name for name in kinds() if name != "power") + ")")
     power.add_argument("--mutants", default=None, help="comma-separated mutants (default: all)")
     power.add_argument("--variants", default=None, help="comma-separated provider variants (default: all of the device)")
     power.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")

@@ -21,21 +21,15 @@ from pathlib import Path
 
 import torch
 
-from h3gate import bounds as bounds_mod
 from h3gate import numerics
 from h3gate.block_program import PROVIDER_OPS, Installation
 from h3gate.candidates import Candidate, CandidateError
-from h3gate.contract import load_model_contract
-from h3gate.gates import block as block_gate
-from h3gate.gates import generation as generation_gate
-from h3gate.gates import kernel as kernel_gate
-from h3gate.gates import model as model_gate
-from h3gate.generation_contract import load as load_generation_contract
+from h3gate import gates as gate_registry
 from h3gate.mutants import MUTANTS, MutantCandidate
 from h3gate.provider_ops import OPS as PROVIDER_KERNELS
 from h3gate.verdict import Check, GateResult
 
-GATES = ("kernel", "block", "model", "generation")
+GATE = "power"
 GENERATION_CONTRACT = "generation-preflight"
 
 
@@ -135,7 +129,7 @@ class Report:
         }
 
     def table(self) -> str:
-        gates = [g for g in GATES if any(r.gate == g for r in self.rows)]
+        gates = [g for g in gates_measured() if any(r.gate == g for r in self.rows)]
         subjects = list(dict.fromkeys(row.subject for row in self.rows))
         cells = {(row.subject, row.gate): row for row in self.rows}
         lines = ["| subject | " + " | ".join(gates) + " |", "|---|" + "---|" * len(gates)]
@@ -152,7 +146,12 @@ class Report:
         return "\n".join(lines)
 
 
-def run(
+def gates_measured() -> tuple[str, ...]:
+    """Every registered gate but this one."""
+    return tuple(name for name in gate_registry.kinds() if name != GATE)
+
+
+def measure(
     model,
     device: str,
     thresholds: Path,
@@ -160,42 +159,42 @@ def run(
     base: Candidate,
     mutants=tuple(MUTANTS),
     variants=None,
-    gates=GATES,
+    gates=None,
     kernel_examples: int = 4,
     progress=lambda message: None,
 ) -> Report:
-    """The power table of ``gates`` over ``mutants`` of ``base`` and the provider ``variants`` of ``device``."""
-    device_class = bounds_mod.device_class(device)
-    contract = load_model_contract(Path(thresholds) / model.name / "model-contract.json")
-    model_bounds = bounds_mod.load(
-        bounds_mod.bounds_path(thresholds, model.name, device_class, model_gate.GATE), model_gate.GATE, model.identity, device_class
+    """The power table of ``gates`` (default: every registered gate but this one) over ``mutants`` of ``base`` and
+    the provider ``variants`` of ``device``. Each gate's items and frozen bounds come through the gate protocol
+    (:mod:`h3gate.gates`), contract checks included; the generation gate measures its preflight contract."""
+    gates = tuple(gates) if gates is not None else gates_measured()
+    unknown = [gate for gate in gates if gate not in gates_measured()]
+    if unknown:
+        raise ValueError(f"unknown gates {unknown}; gates: {', '.join(gates_measured())}")
+    base_run = gate_registry.GateRun(
+        model.name, lambda: model, device, Path(thresholds), Path(out_dir), options={"contract": GENERATION_CONTRACT},
+        kernel_examples=kernel_examples, kernel_shrink=False, diagnostics=False,
+        required_override="gate power measurement: every subject runs every gate", _model=model,
     )
-    block_bounds = {
-        index: bounds_mod.load(
-            bounds_mod.bounds_path(thresholds, model.name, device_class, block_gate.bounds_stem(index)),
-            block_gate.GATE,
-            model.identity,
-            device_class,
-        )
-        for index in range(len(model.transformer.transformer_blocks))
-    } if "block" in gates else {}
-    generation = None
-    if "generation" in gates:
-        generation_contract = load_generation_contract(Path(thresholds) / model.name / f"{GENERATION_CONTRACT}-contract.json")
-        generation = (generation_contract, generation_gate.load_bounds(thresholds, model, generation_contract, device))
+    frozen = {}  # gate -> [(item run, its bounds)]
+    for gate in gates:
+        module = gate_registry.REGISTRY[gate].module
+        item_runs = [base_run.with_params(**params) for params in module.items(base_run)]
+        has_bounds = module.bounds_file(base_run if not item_runs else item_runs[0]) is not None
+        frozen[gate] = [(item, module.load_bounds(item) if has_bounds else None) for item in item_runs]
     subjects = [("mutant", MutantCandidate(name, base)) for name in mutants]
     subjects += [("variant", VariantCandidate(name, device)) for name in (variants if variants is not None else [m.name for m in numerics.variants(device)])]
-    report = Report(model_taps=sorted(model_bounds.bounds))
+    model_bounds = frozen["model"][0][1] if "model" in frozen else None
+    report = Report(model_taps=sorted(model_bounds.bounds) if model_bounds else [])
     for kind, candidate in subjects:
-        meant = set(candidate.mutant.caught_by) if kind == "mutant" else set(GATES)
+        meant = set(candidate.mutant.caught_by) if kind == "mutant" else set(gates_measured())
         for gate in gates:
+            items = [(item, bounds) for item, bounds in frozen[gate] if _applies(item.params, kind, candidate)]
             if gate == "kernel" and kind == "variant" and not candidate.mode.every_shape:
                 continue  # n/a in the table: its backend refuses shapes the kernel gate draws; the others gate it
             progress(f"{candidate.name} x {gate}")
+            module = gate_registry.REGISTRY[gate].module
             try:
-                results = _gate_results(
-                    gate, candidate, kind, model, device, contract, model_bounds, block_bounds, generation, out_dir, kernel_examples
-                )
+                results = [module.check_item(dataclasses.replace(item, candidate=candidate), bounds) for item, bounds in items]
             except CandidateError as error:  # NaN or a crash of the candidate: the gate stops it
                 results = [GateResult(gate, {}, [Check.failed("candidate", "error", str(error))])]
             rejected = [result for result in results if not result.passed]
@@ -207,28 +206,14 @@ def run(
     return report
 
 
-def _gate_results(gate, candidate, kind, model, device, contract, model_bounds, block_bounds, generation, out_dir, examples):
-    """The gate's verdicts on ``candidate`` (several for a gate with several items), or None where it does not apply."""
-    if gate == "kernel":
-        ops = [candidate.mutant.op] if kind == "mutant" else list(kernel_gate.OPS)
-        # A variant whose forced backend takes half precision only (flash, cuDNN) meets the bf16 items alone.
-        dtypes = tuple(d for d in kernel_gate.DTYPES if kind == "mutant" or candidate.mode.takes(d))
-        return [kernel_gate.check(candidate, op, device, dtypes=dtypes, max_examples=examples, shrink=False) for op in ops]
-    if gate == "block":
-        return [
-            block_gate.check(model, candidate, contract, frozen, device, index, out_dir, diagnostics=False)
-            for index, frozen in block_bounds.items()
-        ]
-    if gate == "model":
-        return [model_gate.check(model, candidate, contract, model_bounds, device)]
-    generation_contract, frozen = generation
-    return [
-        generation_gate.check(
-            model, candidate, generation_contract, frozen, device, seed, out_dir,
-            model_gate_override="gate power measurement: every subject runs every gate",
-        )
-        for seed in generation_contract.seeds
-    ]
+def _applies(params: dict, kind: str, candidate) -> bool:
+    """A mutant meets the kernel gate at its own op; a variant whose forced backend takes half precision only (flash,
+    cuDNN) meets the bf16 kernel items alone."""
+    if kind == "mutant" and "op" in params:
+        return params["op"] == candidate.mutant.op
+    if kind == "variant" and "dtype" in params:
+        return candidate.mode.takes(params["dtype"])
+    return True
 
 
 def as_result(report: Report, base: Candidate) -> GateResult:
@@ -239,4 +224,26 @@ def as_result(report: Report, base: Candidate) -> GateResult:
         if row.meant
     ]
     context = {"base": base.identity(), "non_discriminating": report.non_discriminating}
-    return GateResult("power", {}, checks, context, {"power_table": report.table(), **report.to_json()})
+    return GateResult(GATE, {}, checks, context, {"power_table": report.table(), **report.to_json()})
+
+
+# The gate protocol (:mod:`h3gate.gates`) ------------------------------------------------------------------
+
+
+def items(run) -> list[dict]:
+    return [{}]
+
+
+def bounds_file(run) -> None:
+    return None  # it uses the bounds the other gates froze
+
+
+def check_item(run, _bounds) -> GateResult:
+    """The mutants' base is the run's candidate on a GPU and the provider's ops on CPU, where the interpreter makes
+    h3_triton gate runs slow."""
+    from h3gate.candidates import ProviderCandidate
+
+    base = run.candidate if run.device.startswith("cuda") else ProviderCandidate()
+    with run.progress(None) as bar:
+        report = measure(run.model, run.device, run.thresholds, run.out / "power", base, progress=bar.step)
+    return as_result(report, base)

@@ -1,4 +1,164 @@
-"""The gate kinds, cheap before expensive: the order gate items run in (a generation waits for the model gate's
-verdict). Importing this package imports no gate module, so a test session that runs no gate pays nothing for it."""
+"""The gate registry: every gate kind, cheap before expensive (the order gate items run in: a generation waits
+for the model gate's verdict), and the protocol a gate module implements.
 
-KINDS = ("kernel", "block", "model", "generation", "power")
+A gate is a module ``h3gate.gates.<name>`` (or any module a :class:`Gate` entry names) with:
+
+- ``GATE``: its name;
+- ``items(run) -> list[dict]``: every item of the gate on ``run.model`` (what ``blocks="all"`` means; the power
+  gate runs them all);
+- ``bounds_file(run) -> Path | None``: the frozen bounds file an item reads (None: the gate freezes nothing);
+- ``load_bounds(run)``, where there is a bounds file: those bounds, checked against the model, device class and
+  contract they were frozen for, or :class:`h3gate.bounds.BoundsError`;
+- ``freeze_item(run)``, unless the gate's entry says why it has nothing to freeze: measure the provider
+  configurations and freeze the bounds file of ``run``'s item (written and locked);
+- ``check_item(run, bounds) -> GateResult``: qualify ``run.candidate`` against them (bounds None where the gate has
+  no file); :class:`ItemError` for params that do not fit the frozen files.
+
+Adding a gate kind is one such module and one line in :data:`REGISTRY` (or :func:`register` from outside). The
+plugin's runner, the power gate, the CLI and ``h3gate status`` iterate the registry. Importing this package imports
+no gate module (they import torch): a test session that runs no gate pays nothing for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+
+class ItemError(ValueError):
+    """An item whose params do not fit the frozen files it reads (a seed that is not its contract's): a usage
+    error of the test that made it."""
+
+
+@dataclass(frozen=True)
+class ListParam:
+    """A list parameter of the ``h3_gate`` marker: ``seeds=[42, 43]`` makes items ``[seed42]``, ``[seed43]``."""
+
+    marker: str  # the marker's keyword: seeds
+    param: str  # the key of each item's value: seed
+    prefix: str  # the test id's prefix: seed42
+    element: type  # int or str
+    choices: str = ""  # "layers": the model's blocks; "module": the gate module's LIST_CHOICES; "": any value
+
+
+SEEDS = ListParam("seeds", "seed", "seed", int)  # checked against the item's contract when it runs
+BLOCKS = ListParam("blocks", "block", "block", int, "layers")  # also "all": every block of the model
+OPS = ListParam("ops", "op", "", str, "module")
+DTYPES = ListParam("dtypes", "dtype", "", str, "module")
+
+
+@dataclass(frozen=True)
+class Gate:
+    """One registered gate kind: what the plugin needs before importing its module."""
+
+    name: str
+    lists: tuple[ListParam, ...] = ()  # several multiply: the kernel gate's ops x dtypes
+    requires: str | None = None  # a gate whose pass a check needs (and waits for under xdist)
+    frozen_nothing: str | None = None  # why freezing skips this gate, when it has nothing to freeze
+    module_name: str = ""
+
+    @property
+    def module(self):
+        return importlib.import_module(self.module_name or f"h3gate.gates.{self.name}")
+
+    def choices(self, param: ListParam, config: Callable[[], dict]) -> tuple | None:
+        """The values a list parameter may take on the model whose transformer config ``config()`` gives (asked only
+        for the blocks; ``blocks="all"`` is all of them), or None where any value of its type is taken."""
+        if param.choices == "layers":
+            return tuple(range(config()["num_layers"]))
+        return tuple(self.module.LIST_CHOICES[param.marker]) if param.choices == "module" else None
+
+
+REGISTRY: dict[str, Gate] = {}
+
+
+def register(gate: Gate) -> Gate:
+    """Add a gate kind (it runs after those registered before it); its module is imported when an item runs. The
+    same entry again is a no-op (a conftest imported twice); another gate under a taken name is an error."""
+    if REGISTRY.get(gate.name) == gate:
+        return gate
+    if gate.name in REGISTRY:
+        raise ValueError(f"gate kind {gate.name!r} is registered already")
+    if gate.requires is not None and gate.requires not in REGISTRY:
+        raise ValueError(f"gate {gate.name!r} requires {gate.requires!r}, which is not registered before it")
+    REGISTRY[gate.name] = gate
+    return gate
+
+
+register(Gate("kernel", (OPS, DTYPES), frozen_nothing="the kernel gate has no bounds to freeze: its rule compares "
+              "with torch in the same run"))
+register(Gate("block", (BLOCKS,)))
+register(Gate("model"))
+register(Gate("generation", (SEEDS,), requires="model"))
+register(Gate("power", module_name="h3gate.power", frozen_nothing="the power measurement freezes nothing: it uses the bounds the other gates froze"))
+
+
+def kinds() -> tuple[str, ...]:
+    return tuple(REGISTRY)
+
+
+
+def required() -> set[str]:
+    """The gates other gates wait for: their items record every outcome (:mod:`h3gate.gate_passes`)."""
+    return {gate.requires for gate in REGISTRY.values() if gate.requires}
+
+
+class _NoBar:
+    def step(self, phase: str) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def no_progress(total):
+    yield _NoBar()
+
+
+@dataclass
+class GateRun:
+    """What one gate item works with: the model (built on first use: a missing bounds file fails before it is),
+    the candidate (None while freezing), the device, the frozen files, the output folder, the item's params,
+    the marker's options and the session's settings."""
+
+    model_name: str
+    load_model: Callable[[], Any]
+    device: str
+    thresholds: Path
+    out: Path
+    candidate: Any = None
+    params: dict = field(default_factory=dict)
+    options: dict = field(default_factory=dict)  # the marker's keywords other than list params (contract=...)
+    variant_names: list[str] | None = None  # freezing: the provider variants to calibrate from (None: all)
+    force_reason: str | None = None  # freezing: overwrite existing bounds, recorded in them
+    kernel_examples: int = 8
+    kernel_shrink: bool = True  # shrink a failing kernel shape to a minimal one (power does not need it)
+    diagnostics: bool = True  # block gate: attribution, self-consistency and the ULP sweep
+    verify_last_step: bool = False
+    required_override: str | None = None  # run without the required gate's pass; the reason is recorded
+    progress: Callable = no_progress  # progress(total or None) -> context manager with .step(phase)
+    stream: Any = None  # a text stream for bars the engine draws itself (tqdm), or None
+    _model: Any = field(default=None, repr=False)
+
+    @property
+    def model(self):
+        if self._model is None:
+            self._model = self.load_model()
+        return self._model
+
+    @property
+    def model_loaded(self) -> bool:
+        return self._model is not None
+
+    @property
+    def device_class(self) -> str:
+        from h3gate.bounds import device_class
+
+        return device_class(self.device)
+
+    def with_params(self, **params) -> "GateRun":
+        """The same run for another item of the gate (the model is shared)."""
+        from dataclasses import replace
+
+        return replace(self, params=params)

@@ -36,7 +36,7 @@ from h3gate.candidates import Candidate, CandidateError
 from h3gate.compare import relative_l2, ulp_distance
 from h3gate.contract import ModelContract, load_model_contract, model_inputs
 from h3gate.files import FileFormatError, dumps, sha256_bytes, sha256_file, write_atomic
-from h3gate.gates.model import inventory_checks
+from h3gate.gates.model import contract_of, frozen_for_contract, inventory_checks
 from h3gate.measure import timed
 from h3gate.model import Model
 from h3gate.taps import TapStore
@@ -407,6 +407,34 @@ def attribute(model, block, inputs, device, candidate, golden, frozen, progress)
 
     scores = {group: score(table) for group, table in tables.items()}
     return {"tables": tables, "worst_ratio": scores, "attributed_group": min(scores, key=scores.get)}, consistency
+
+
+# The gate protocol (:mod:`h3gate.gates`) ------------------------------------------------------------------
+
+
+def items(run) -> list[dict]:
+    return [{"block": block} for block in range(run.model.config["num_layers"])]
+
+
+def bounds_file(run) -> Path:
+    return bounds_mod.bounds_path(run.thresholds, run.model_name, run.device_class, bounds_stem(run.params["block"]))
+
+
+def load_bounds(run) -> bounds_mod.Bounds:
+    return frozen_for_contract(run, GATE, bounds_stem(run.params["block"]))
+
+
+def freeze_item(run) -> bounds_mod.Bounds:
+    names = run.variant_names or [mode.name for mode in numerics.variants(run.device)]
+    with run.progress(len(names) + 3) as bar:
+        return freeze(run.model, contract_of(run)[1], run.device, run.params["block"], run.thresholds, names,
+                      run.force_reason, progress=bar.step)
+
+
+def check_item(run, frozen: bounds_mod.Bounds) -> GateResult:
+    with run.progress(4 + (len(OP_GROUPS) + 1 if run.diagnostics else 0)) as bar:
+        return check(run.model, run.candidate, contract_of(run)[1], frozen, run.device, run.params["block"], run.out,
+                     progress=bar.step, diagnostics=run.diagnostics)
 
 
 # ULP sweep --------------------------------------------------------------------------------------------

@@ -6,8 +6,8 @@ call is wrapped, by the resumable run store (:mod:`h3gate.resume`), which saves 
 :func:`check` (one seed, one pytest item):
 
 1. Cheap before expensive: the model gate must have passed for this model and candidate identity
-   (:func:`record_model_gate_outcome` records the verdict, :func:`require_model_gate_pass` checks it); an override
-   reason lets it run anyway and is recorded in the result.
+   (:mod:`h3gate.gate_passes` records the verdict and checks it); an override reason lets it run anyway and is
+   recorded in the result.
 2. The provider's generation of the seed, cached as a resumable run under ``out_dir`` (freezing made it) and
    reused when its identity matches; otherwise generated (or resumed) now.
 3. Same start: the candidate's first transformer call's inputs (video latents, audio latents, text states,
@@ -32,22 +32,20 @@ torch / triton / diffusers versions. A run of another identity in that folder is
 The embedded presets' pipeline components are built here (:func:`h3gate.pipeline.build_components`, seed 0);
 a checkpoint folder's components are not loaded yet, so the gate refuses checkpoint models.
 
-Entry points (``progress`` is a text stream for tqdm's step bars, or None for none):
+Entry points (``progress`` is a text stream for tqdm's step bars, or None for none), besides the gate protocol of
+:mod:`h3gate.gates` at the end, whose items are seeds of the marker's ``contract`` (default ``generation``):
 
 - ``freeze(model, contract, device, thresholds, variant_names=None, force_reason=None, out_dir, progress)``
   -> :class:`GenerationBounds` (written and locked);
-- ``load_bounds(thresholds, model, contract, device)`` -> :class:`GenerationBounds`, or ``BoundsError``;
+- ``frozen_bounds(thresholds, model, contract, device)`` -> :class:`GenerationBounds`, or ``BoundsError``;
 - ``check(model, candidate, contract, frozen, device, seed, out_dir, *, verify_last_step=False, progress=None,
   model_gate_override=None)`` -> ``GateResult`` of one seed: checks ``same_start`` (+ ``determinism`` when a
   step was verified) and the gating rule's four metrics; ``metrics`` holds every value, per-frame lists and
   both rules; ``context`` the artifacts (path, sha256) of both generations, noise digests, run folders,
   contract and bounds digests and the model gate's pass or override;
-- ``record_model_gate_outcome(out_dir, model, candidate_identity, outcome, reason=..., bounds_sha256=..., run=...)``
-  whenever a model gate item ends (passed, failed, crashed, missing bounds), and ``wait_for_model_gate`` for a
-  generation item under xdist, which returns as soon as that run's outcome is recorded;
 - ``run_generation(...)`` -> :class:`Generation`, one resumable generation (also the provider cache).
 
-``check`` raises (rather than fails) what a person must fix: :class:`ModelGateNotPassed`, a
+``check`` raises (rather than fails) what a person must fix: :class:`h3gate.gate_passes.NotPassed`, a
 ``BoundsError``, a refused or damaged run folder (:class:`h3gate.resume.ResumeError`); SIGTERM/SIGINT end a
 generation with :class:`h3gate.resume.Preempted`.
 """
@@ -55,13 +53,9 @@ generation with :class:`h3gate.resume.Preempted`.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
 import hashlib
 import json
-import os
-import socket
-import time
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -69,168 +63,19 @@ import numpy as np
 import torch
 
 from h3gate import bounds as bounds_mod
-from h3gate import metrics, numerics, resume
+from h3gate import gate_passes, metrics, numerics, resume
 from h3gate.candidates import Candidate, CandidateError
-from h3gate.files import FileFormatError, read_json, sha256_bytes, sha256_file, write_json
+from h3gate.files import FileFormatError, sha256_bytes, sha256_file
 from h3gate.generation_contract import GenerationContract
 from h3gate.measure import timed
 from h3gate.model import Model, tensor_digest
 from h3gate.pipeline import COMPONENT_CONFIGS, build_components, generate, load_reference_image, make_pipeline
+from h3gate.gates import ItemError
 from h3gate.verdict import Check, GateResult
 
 GATE = "generation"
 RUN_SCHEMA = "h3gate.generation-run/1"
-PASS_SCHEMA = "h3gate.gate-pass/1"
 COMPONENTS_SEED = 0
-
-
-class ModelGateNotPassed(RuntimeError):
-    """The generation gate was asked to run before the model gate passed for the same candidate."""
-
-
-# Cheap before expensive -------------------------------------------------------------------------------
-
-
-def _canonical(value):
-    """``value`` as it reads back from JSON (tuples become lists), so a recorded identity compares equal."""
-    return json.loads(json.dumps(value, sort_keys=True))
-
-
-# The model gate's verdict, as the generation gate reads it. Every model gate item records one of these, also
-# when it crashed or had no bounds, so a generation item waiting for it (under xdist) never waits in vain.
-PASSED, FAILED, CRASHED, MISSING_BOUNDS, DID_NOT_RUN, RUNNING = (
-    "passed", "failed", "crashed", "missing bounds", "did not run", "running")
-OUTCOMES = (PASSED, FAILED, CRASHED, MISSING_BOUNDS, DID_NOT_RUN, RUNNING)
-
-
-@dataclass(frozen=True)
-class ModelRef:
-    """A model as the verdict record names it: its source (preset and weight seed, or checkpoint folder), which
-    is known before the model is built, and its identity once it is (a :class:`Model` serves as well)."""
-
-    source: str
-    identity: str | None = None
-
-
-def _pass_path(out_dir, model, candidate_identity: dict) -> Path:
-    key = sha256_bytes(json.dumps({"model": model.source, "candidate": candidate_identity}, sort_keys=True).encode())
-    return Path(out_dir) / "gate-passes" / "model" / f"{key}.json"
-
-
-def one_line(error: BaseException) -> str:
-    """An error as one line: its type and the first line of its message."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-
-
-def record_model_gate_outcome(
-    out_dir, model, candidate_identity: dict, outcome: str = PASSED, *, reason: str = "", bounds_sha256: str = "",
-    run: str | None = None,
-) -> Path:
-    """Record the model gate's outcome for ``model`` (a :class:`Model` or :class:`ModelRef`) and this candidate
-    identity, atomically: ``passed``, ``failed``, ``crashed``, ``missing bounds``, ``did not run`` or ``running``
-    (written when the gate starts, with this process's id, so a waiter sees a gate whose worker died). ``reason``
-    says why it did not pass; ``run`` names the test run (one id for all xdist workers of one run)."""
-    if outcome not in OUTCOMES:
-        raise ValueError(f"unknown model gate outcome {outcome!r}; outcomes: {', '.join(OUTCOMES)}")
-    candidate_identity = _canonical(candidate_identity)
-    path = _pass_path(out_dir, model, candidate_identity)
-    write_json(
-        path,
-        {
-            "schema": PASS_SCHEMA,
-            "gate": "model",
-            "outcome": outcome,
-            "passed": outcome == PASSED,
-            "reason": reason,
-            "model_source": model.source,
-            "model_identity": model.identity,
-            "candidate": candidate_identity,
-            "bounds_sha256": bounds_sha256,
-            "run": run,
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "recorded_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        },
-    )
-    return path
-
-
-def _read_record(path: Path) -> dict | None:
-    try:
-        return read_json(path, "model gate record")
-    except FileFormatError:
-        return None  # not there (yet); written atomically, so never half a record
-
-
-def _process_ended(record: dict) -> bool:
-    """A ``running`` record of a process of this host that no longer exists (its worker died)."""
-    if record.get("host") != socket.gethostname() or not isinstance(record.get("pid"), int):
-        return False
-    try:
-        os.kill(record["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False
-    return False
-
-
-def wait_for_model_gate(
-    out_dir, model, candidate_identity: dict, run: str | None = None, stream=None, timeout: float = 7200.0,
-    poll: float = 0.5,
-) -> dict | None:
-    """The model gate's record for this model and candidate once it is final (another xdist worker may run the
-    gate): with ``run``, only a record of that test run counts. A ``running`` record whose process ended is
-    returned as ``crashed``. None when nothing final came within ``timeout`` seconds."""
-    path = _pass_path(out_dir, model, _canonical(candidate_identity))
-    deadline = time.monotonic() + timeout
-    told = False
-    while True:
-        record = _read_record(path)
-        if record is not None and (run is None or record.get("run") == run):
-            if record.get("outcome") != RUNNING:
-                return record
-            if _process_ended(record):
-                return {**record, "outcome": CRASHED, "passed": False,
-                        "reason": f"its process (pid {record['pid']}) ended without a verdict"}
-        if time.monotonic() >= deadline:
-            return None
-        if not told and stream is not None:
-            stream.write(f"generation gate: waiting for the model gate's verdict ({path.name})\n")
-            told = True
-        time.sleep(poll)
-
-
-def require_model_gate_pass(out_dir, model, candidate_identity: dict, override: str | None = None) -> dict:
-    """The model gate's recorded pass for this model (a :class:`Model`) and candidate, or the override (a reason),
-    or :class:`ModelGateNotPassed` naming the model gate's outcome.
-
-    The returned dict goes into the result's context, so an override is always visible in the evidence."""
-    candidate_identity = _canonical(candidate_identity)
-    path = _pass_path(out_dir, model, candidate_identity)
-    record = _read_record(path)
-    if record is not None and record.get("candidate") == candidate_identity:
-        outcome = record.get("outcome", PASSED if record.get("passed") else FAILED)
-        if outcome == PASSED and record.get("model_identity") == model.identity:
-            return {"status": "passed", "record": str(path), "bounds_sha256": record.get("bounds_sha256")}
-        if outcome != PASSED and not override:
-            reason = record.get("reason") or "no reason recorded"
-            if outcome == RUNNING:
-                reason = "its last run did not finish"
-            raise ModelGateNotPassed(
-                f"the model gate did not pass for candidate {candidate_identity.get('name')!r}: {outcome}: {reason} "
-                f"({path}); a candidate that does not pass the model gate is not worth hours of generation: fix that "
-                "first, or give an override reason, which is recorded in the results"
-            )
-    if override:
-        return {"status": "overridden", "reason": override}
-    raise ModelGateNotPassed(
-        f"the generation gate runs only after the model gate has passed for the same candidate, and no pass of "
-        f"candidate {candidate_identity.get('name')!r} on model {str(model.identity)[:12]} is recorded under {out_dir}: "
-        "run the model gate first (pytest -m gate, same candidate, model and output folder), or give an override "
-        "reason, which is recorded in the results"
-    )
 
 
 # Generations ------------------------------------------------------------------------------------------
@@ -534,7 +379,7 @@ def freeze(
     return frozen
 
 
-def load_bounds(thresholds: Path, model: Model, contract: GenerationContract, device: str) -> GenerationBounds:
+def frozen_bounds(thresholds: Path, model: Model, contract: GenerationContract, device: str) -> GenerationBounds:
     """The frozen calibrated bounds for this model, contract and device, or a :class:`h3gate.bounds.BoundsError`."""
     device_class = bounds_mod.device_class(device)
     path = bounds_mod.bounds_path(thresholds, model.name, device_class, contract.name)
@@ -575,7 +420,7 @@ def check(
     model_gate_override: str | None = None,
 ) -> GateResult:
     """Qualify ``candidate``'s generation of ``seed`` against the provider's, under frozen bounds."""
-    model_gate = require_model_gate_pass(out_dir, model, candidate.identity(), model_gate_override)
+    model_gate = gate_passes.require_pass(out_dir, "model", model, candidate.identity(), model_gate_override)
     if frozen.provenance.get("contract_sha256") != contract.digest:
         raise bounds_mod.BoundsError(f"bounds {frozen.path} were frozen for another contract than {contract.path}")
     timings: dict[str, float] = {}
@@ -639,3 +484,46 @@ def check(
 
 def _same_start_passed() -> Check:
     return Check("same_start", "same_start", 0.0, 0.0, True, {"reason": "first call's inputs equal the provider's bitwise"})
+
+
+# The gate protocol (:mod:`h3gate.gates`) ------------------------------------------------------------------
+
+
+def contract_of(run) -> GenerationContract:
+    """The item's contract: ``thresholds/<model>/<contract>-contract.json``, ``contract=`` of the marker (default
+    ``generation``)."""
+    from h3gate import generation_contract
+
+    name = run.options.get("contract", GATE)
+    return generation_contract.load(Path(run.thresholds) / run.model_name / f"{name}-contract.json")
+
+
+def items(run) -> list[dict]:
+    return [{"seed": seed} for seed in contract_of(run).seeds]
+
+
+def bounds_file(run) -> Path:
+    return bounds_mod.bounds_path(run.thresholds, run.model_name, run.device_class, contract_of(run).name)
+
+
+def load_bounds(run) -> GenerationBounds:
+    return frozen_bounds(run.thresholds, run.model, contract_of(run), run.device)
+
+
+def freeze_item(run) -> GenerationBounds:
+    """Every seed of the contract: the calibrated bounds are the worst over all of them."""
+    return freeze(run.model, contract_of(run), run.device, run.thresholds, run.variant_names, run.force_reason,
+                  run.out, progress=run.stream)
+
+
+def check_item(run, frozen: GenerationBounds) -> GateResult:
+    contract = contract_of(run)
+    seed = run.params["seed"]
+    if seed not in contract.seeds:
+        raise ItemError(f"seed {seed} is not among {contract.path}'s seeds {list(contract.seeds)}")
+    try:
+        return check(run.model, run.candidate, contract, frozen, run.device, seed, run.out,
+                     verify_last_step=run.verify_last_step, progress=run.stream,
+                     model_gate_override=run.required_override)
+    except gate_passes.NotPassed as error:
+        return GateResult(GATE, run.params, [Check.failed("model_gate", "not passed", str(error))])

@@ -405,3 +405,23 @@ def check(
         {"candidate": candidate.identity(), "rule": f"error <= {ERROR_FACTOR} x torch's + {FLOOR_ULPS} ULP"},
         {"examples": examples["count"]},
     )
+
+
+# The gate protocol (:mod:`h3gate.gates`) ------------------------------------------------------------------
+
+LIST_CHOICES = {"ops": OPS, "dtypes": tuple(DTYPES)}
+
+
+def items(run) -> list[dict]:
+    return [{"op": op, "dtype": dtype} for op in OPS for dtype in DTYPES]
+
+
+def bounds_file(run) -> None:
+    return None  # the rule compares with torch in the same run
+
+
+def check_item(run, _bounds) -> GateResult:
+    dtypes = (run.params["dtype"],) if "dtype" in run.params else tuple(DTYPES)
+    with run.progress(None) as bar:
+        return check(run.candidate, run.params["op"], run.device, dtypes=dtypes, max_examples=run.kernel_examples,
+                     shrink=run.kernel_shrink, progress=bar.step)

@@ -14,7 +14,7 @@ from pathlib import Path
 from h3gate import bounds as bounds_mod
 from h3gate import numerics
 from h3gate.candidates import Candidate
-from h3gate.contract import ModelContract, model_inputs
+from h3gate.contract import ModelContract, load_model_contract, model_inputs
 from h3gate.files import sha256_file
 from h3gate.measure import errors_against, run_taps, timed
 from h3gate.model import Model
@@ -116,3 +116,45 @@ def inventory_checks(measured: set[str], expected: set[str]) -> list[Check]:
     for tap in sorted(measured - expected):
         checks.append(Check.failed(tap, "inventory", "tap was recorded but has no bound"))
     return checks
+
+
+# The gate protocol (:mod:`h3gate.gates`) ------------------------------------------------------------------
+
+
+def contract_of(run) -> tuple[Path, ModelContract]:
+    """The model contract the model and block gates measure at: ``thresholds/<model>/model-contract.json``."""
+    path = Path(run.thresholds) / run.model_name / "model-contract.json"
+    return path, load_model_contract(path)
+
+
+def frozen_for_contract(run, gate: str, stem: str) -> bounds_mod.Bounds:
+    """Bounds ``<stem>-bounds.json`` of ``gate`` for the run's model and device class, frozen at today's contract."""
+    contract_path, contract = contract_of(run)
+    path = bounds_mod.bounds_path(run.thresholds, run.model_name, run.device_class, stem)
+    frozen = bounds_mod.load(path, gate, run.model.identity, run.device_class)
+    if frozen.provenance.get("contract") != contract.to_json():
+        raise bounds_mod.BoundsError(f"{path} was frozen for another model contract than {contract_path}")
+    return frozen
+
+
+def items(run) -> list[dict]:
+    return [{}]
+
+
+def bounds_file(run) -> Path:
+    return bounds_mod.bounds_path(run.thresholds, run.model_name, run.device_class, GATE)
+
+
+def load_bounds(run) -> bounds_mod.Bounds:
+    return frozen_for_contract(run, GATE, GATE)
+
+
+def freeze_item(run) -> bounds_mod.Bounds:
+    names = run.variant_names or [mode.name for mode in numerics.variants(run.device)]
+    with run.progress(len(names) + 2) as bar:
+        return freeze(run.model, contract_of(run)[1], run.device, run.thresholds, names, run.force_reason, bar.step)
+
+
+def check_item(run, frozen: bounds_mod.Bounds) -> GateResult:
+    with run.progress(3) as bar:
+        return check(run.model, run.candidate, contract_of(run)[1], frozen, run.device, progress=bar.step)

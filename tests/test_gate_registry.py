@@ -1,0 +1,145 @@
+"""The gate registry: every registered gate implements the protocol, and a new gate kind is one module plus one
+registry line (a toy gate, added here from a conftest, freezes and checks through the plugin like the built-ins)."""
+
+import json
+
+import pytest
+
+from h3gate import gates as registry
+
+TOY_GATE = '''
+"""A toy gate: the candidate's SwiGLU in bfloat16 against float64, bounded by 1.5 x the provider's error."""
+
+import torch
+
+from h3gate import bounds as bounds_mod
+from h3gate.candidates import ProviderCandidate
+from h3gate.verdict import Check, GateResult
+
+GATE = "toy"
+
+
+def _error(fn, seed):
+    h = torch.randn(64, 128, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    a, gate = h.chunk(2, dim=-1)
+    exact = a * torch.nn.functional.silu(gate)
+    return float((fn(h.bfloat16()).double() - exact).norm() / exact.norm())
+
+
+def items(run):
+    return [{"seed": 1}, {"seed": 2}]
+
+
+def bounds_file(run):
+    return bounds_mod.bounds_path(run.thresholds, run.model_name, run.device_class, GATE)
+
+
+def load_bounds(run):
+    return bounds_mod.load(bounds_file(run), GATE, run.model.identity, run.device_class)
+
+
+def freeze_item(run):
+    swiglu = ProviderCandidate().kernel_ops()["swiglu"]
+    errors = {"provider": {f"seed{item['seed']}": _error(swiglu, item["seed"]) for item in items(run)}}
+    frozen = bounds_mod.frozen_by_ensemble(GATE, run.model, run.device_class, errors, {})
+    bounds_mod.save(frozen, bounds_file(run), run.thresholds, run.force_reason)
+    return frozen
+
+
+def check_item(run, frozen):
+    tap = f"seed{run.params['seed']}"
+    value = _error(run.candidate.kernel_ops()["swiglu"], run.params["seed"])
+    return GateResult(GATE, run.params, [Check(tap, "relative_l2", value, frozen.bounds[tap], value <= frozen.bounds[tap])])
+'''
+
+CONFTEST = '''
+from h3gate.gates import SEEDS, Gate, register
+
+register(Gate("toy", (SEEDS,), module_name="toy_gate"))
+'''
+
+TOY_TEST = '''
+import pytest
+
+
+@pytest.mark.h3_gate("toy", seeds=[1, 2])
+def test_toy(h3_gate):
+    result = h3_gate.run()
+    assert result.passed, result.report()
+'''
+
+# A bug a kernel ships: SwiGLU's gate on the wrong half.
+SWAPPED = '''
+import torch.nn.functional as F
+
+from h3gate.candidates import ProviderCandidate, register
+
+
+class Swapped(ProviderCandidate):
+    name = "swapped"
+
+    def kernel_ops(self):
+        def swiglu(h):
+            a, gate = h.chunk(2, dim=-1)
+            return gate * F.silu(a)
+
+        return {**super().kernel_ops(), "swiglu": swiglu}
+
+
+register("swapped", Swapped)
+'''
+
+
+def test_every_registered_gate_implements_the_protocol():
+    for gate in registry.REGISTRY.values():
+        module = gate.module
+        assert module.GATE == gate.name
+        required = ["items", "bounds_file", "check_item"] + ([] if gate.frozen_nothing else ["load_bounds", "freeze_item"])
+        assert [name for name in required if not callable(getattr(module, name, None))] == [], gate.name
+        for param in gate.lists:
+            if param.choices == "module":
+                assert module.LIST_CHOICES[param.marker], (gate.name, param.marker)
+        assert gate.requires is None or registry.kinds().index(gate.requires) < registry.kinds().index(gate.name)
+
+
+def test_registering_twice_or_out_of_order_is_refused():
+    with pytest.raises(ValueError, match="'model' is registered already"):
+        registry.register(registry.Gate("model", requires="kernel"))
+    assert registry.register(registry.REGISTRY["model"]) is registry.REGISTRY["model"]  # a conftest imported twice
+    with pytest.raises(ValueError, match="requires 'nothing', which is not registered before it"):
+        registry.register(registry.Gate("late", requires="nothing"))
+    assert "late" not in registry.REGISTRY
+
+
+def test_a_toy_gate_is_one_module_and_one_registry_line(pytester, monkeypatch):
+    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))  # the toy leaves with this test
+    (pytester.path / "thresholds").mkdir()
+    pytester.makepyfile(toy_gate=TOY_GATE, conftest=CONFTEST + SWAPPED, test_toy=TOY_TEST)
+    pytester.syspathinsert()
+    args = ["-p", "no:cacheprovider", "--h3-device=cpu", "-m", "gate", "test_toy.py"]
+
+    missing = pytester.runpytest(*args, "--h3-candidate=provider")
+    missing.assert_outcomes(failed=2)
+    missing.stdout.fnmatch_lines(["*no frozen toy bounds at *toy-bounds.json; freeze them with: pytest *test_toy*"])
+
+    frozen = pytester.runpytest(*args, "--h3-freeze")
+    frozen.assert_outcomes(passed=2)  # one file for both items: the second reports the first's freeze
+    bounds = json.loads((pytester.path / "thresholds" / "tiny" / "cpu" / "toy-bounds.json").read_text())
+    assert set(bounds["bounds"]) == {"seed1", "seed2"}
+
+    passed = pytester.runpytest(*args, "--h3-candidate=provider", "--junitxml=junit.xml")
+    passed.assert_outcomes(passed=2)
+    assert 'name="h3_gate" value="toy"' in (pytester.path / "junit.xml").read_text()
+    results = json.loads((pytester.path / "h3-out" / "results.json").read_text())["results"]
+    assert sorted(result["gate"] for result in results.values()) == ["toy", "toy"]
+
+    caught = pytester.runpytest(*args, "--h3-candidate=swapped")
+    caught.assert_outcomes(failed=2)
+
+
+def test_the_toy_gates_size():
+    """The whole of a new gate kind: its module and one registry line."""
+    assert len(TOY_GATE.strip().splitlines()) < 50
+    assert [line for line in CONFTEST.strip().splitlines() if line.startswith("register(")] == [
+        'register(Gate("toy", (SEEDS,), module_name="toy_gate"))'
+    ]
