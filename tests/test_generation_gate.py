@@ -140,7 +140,7 @@ def test_a_contract_file_name_says_what_it_is(tmp_path):
 )
 def test_a_canvas_the_model_cannot_make_is_refused(tmp_path, tiny, changes, message):
     contract = generation_contract.load(write_contract(tmp_path, **changes))
-    components, _ = gate._components("tiny")
+    components, _ = gate._components(tiny.source)
     with pytest.raises(FileFormatError, match=message):
         contract.check_pipeline(make_pipeline(components, tiny.transformer))
 
@@ -171,7 +171,7 @@ def test_freezing_calibrates_from_the_variants_and_locks(setup):
     errors = frozen.errors["sdpa-math"]
 
     def worst(metric, pick):
-        return pick(errors[f"seed{seed}.{metric}"] for seed in (42, 43))
+        return pick(errors[f"fl2va.seed{seed}.{metric}"] for seed in (42, 43))
 
     assert frozen.bounds["video_psnr_min_db"] == pytest.approx(worst("video_psnr_min_db", min) - 20 * math.log10(1 + margin))
     assert frozen.bounds["video_ssim_min"] == pytest.approx(1 - (1 + margin) * (1 - worst("video_ssim_min", min)))
@@ -201,14 +201,15 @@ def test_bounds_of_another_contract_are_refused(setup, tmp_path):
 def test_the_provider_passes_both_rules_from_the_cached_provider_run(setup):
     result = setup.check(ProviderCandidate())
     assert result.passed, result.report()
-    assert [c.name for c in result.checks] == ["same_start", *gate.metrics.GATED]
-    assert all(c["passed"] for rule in result.metrics["rules"].values() for c in rule.values())
-    assert result.metrics["values"]["video_psnr_min_db"] == math.inf and result.metrics["values"]["audio_relative_l2"] == 0
-    context = result.context
+    assert [c.name for c in result.checks] == [f"fl2va.{name}" for name in ("same_start", *gate.metrics.GATED)]
+    measured = result.metrics["workflows"]["fl2va"]
+    assert all(c["passed"] for rule in measured["rules"].values() for c in rule.values())
+    assert measured["values"]["video_psnr_min_db"] == math.inf and measured["values"]["audio_relative_l2"] == 0
+    assert result.context["model_gate"]["status"] == "passed" and result.context["contract_sha256"] == setup.contract.digest
+    assert result.context["bounds_sha256"] == sha256_file(setup.frozen.path)
+    context = result.context["workflows"]["fl2va"]
     assert context["provider"]["reused"], "freezing generated the provider's seed; the check reuses it"
     assert context["noise_digests"]["provider"] == context["noise_digests"]["candidate"]
-    assert context["model_gate"]["status"] == "passed" and context["contract_sha256"] == setup.contract.digest
-    assert context["bounds_sha256"] == sha256_file(setup.frozen.path)
     for artifacts in context["artifacts"].values():
         assert {"generation.safetensors", "audio.wav"} <= set(artifacts)
         assert all(sha256_file(a["path"]) == a["sha256"] for a in artifacts.values())
@@ -216,10 +217,10 @@ def test_the_provider_passes_both_rules_from_the_cached_provider_run(setup):
 
 def test_a_finished_seed_is_reused_on_rerun(setup):
     first = setup.check(ProviderCandidate(), seed=43)
-    folder = first.context["candidate_run"]["run_folder"]
+    folder = first.context["workflows"]["fl2va"]["candidate_run"]["run_folder"]
     stamps = {p.name: p.stat().st_mtime_ns for p in sorted(Path(folder).glob("step-*"))}
     second = setup.check(ProviderCandidate(), seed=43)
-    assert second.passed and second.context["candidate_run"]["reused"]
+    assert second.passed and second.context["workflows"]["fl2va"]["candidate_run"]["reused"]
     assert {p.name: p.stat().st_mtime_ns for p in sorted(Path(folder).glob("step-*"))} == stamps
 
 
@@ -228,24 +229,25 @@ def test_a_broken_candidate_fails_naming_metric_bound_margin_and_seed(setup):
     assert not result.passed
     first_line = result.report().splitlines()[0]
     found = re.search(
-        r"generation gate \[seed=43\] FAILED \d/5 checks; worst (\w+): fixed rule ([\d.e+-]+) [<>] bound ([\d.e+-]+) "
+        r"generation gate \[seed=43\] FAILED \d/5 checks; worst fl2va\.(\w+): fixed rule ([\d.e+-]+) [<>] bound ([\d.e+-]+) "
         r"\(margin -[\d.e+-]+\); bounds sha256 [0-9a-f]{12}",
         first_line,
     )
     assert found, first_line
-    assert found[1] in gate.metrics.GATED and float(found[2]) == pytest.approx(result.metrics["values"][found[1]], rel=1e-3)
-    assert not any(c["passed"] for c in result.metrics["rules"]["calibrated"].values()), "the calibrated rule fails too"
+    assert found[1] in gate.metrics.GATED and float(found[2]) == pytest.approx(result.metrics["workflows"]["fl2va"]["values"][found[1]], rel=1e-3)
+    rules = result.metrics["workflows"]["fl2va"]["rules"]
+    assert not any(c["passed"] for c in rules["calibrated"].values()), "the calibrated rule fails too"
 
 
 def test_another_start_fails_before_the_candidate_computes(setup):
     result = setup.check(RoundsLatents())
     (check,) = result.checks
-    assert (check.name, check.passed) == ("same_start", False)
-    digests = result.context["noise_digests"]
+    assert (check.name, check.passed) == ("fl2va.same_start", False)
+    digests = result.context["workflows"]["fl2va"]["noise_digests"]
     assert digests["candidate"]["hidden_states"] != digests["provider"]["hidden_states"]
     assert f"hidden_states: {digests['candidate']['hidden_states']} (this run) vs {digests['provider']['hidden_states']}" in check.detail["reason"]
     assert digests["candidate"]["audio_hidden_states"] == digests["provider"]["audio_hidden_states"]
-    folders = list((setup.out / "generation" / "tiny" / setup.contract.name).glob("candidate-rounds-latents-*/seed42"))
+    folders = list((setup.out / "generation" / "tiny" / setup.contract.name).glob("candidate-rounds-latents-*/fl2va-seed42"))
     assert folders and not [step for folder in folders for step in folder.glob("step-*")], "no candidate step was computed"
 
 
@@ -253,11 +255,11 @@ def test_verify_last_step_catches_a_nondeterministic_candidate(setup):
     assert setup.check(Noisy()).passed, "noise of 1e-6 is far inside the bounds"
     result = setup.check(Noisy(), verify_last_step=True)
     failed = result.failures[0]
-    assert (failed.name, result.passed) == ("determinism", False)
+    assert (failed.name, result.passed) == ("fl2va.determinism", False)
     assert "step 3/3 (step-0002) recomputed differs" in failed.detail["reason"]
     assert setup.check(ProviderCandidate()).passed  # its saved run, whichever test (or xdist worker) came first
     verified = setup.check(ProviderCandidate(), verify_last_step=True)
-    assert verified.passed and verified.context["candidate_run"]["verified_step"] == 2
+    assert verified.passed and verified.context["workflows"]["fl2va"]["candidate_run"]["verified_step"] == 2
 
 
 def test_the_model_gate_must_pass_first(setup):
@@ -276,11 +278,11 @@ def test_a_changed_kernel_source_is_a_new_run_never_mixed(setup, tmp_path):
     (tmp_path / "kernel.py").write_text("SCALE = 1.0\n")
     candidate = Sourced(tmp_path, "edited")
     first = setup.check(candidate)
-    old = Path(first.context["candidate_run"]["run_folder"])
+    old = Path(first.context["workflows"]["fl2va"]["candidate_run"]["run_folder"])
     before = _snapshot(old)
     (tmp_path / "kernel.py").write_text("SCALE = 1.01\n")
     second = setup.check(candidate)
-    new = Path(second.context["candidate_run"]["run_folder"])
+    new = Path(second.context["workflows"]["fl2va"]["candidate_run"]["run_folder"])
     assert new != old and _snapshot(old) == before, "the old run stays, untouched"
     saved = json.loads((old / resume.IDENTITY_FILE).read_text())["candidate"]["source_sha256"]
     assert saved != json.loads((new / resume.IDENTITY_FILE).read_text())["candidate"]["source_sha256"]
@@ -313,4 +315,4 @@ def test_the_preflight_contract_qualifies_the_product_candidate(tiny, tmp_path):
         passes.record(tmp_path / "out", "model", tiny, candidate.identity(), bounds_sha256="model-bounds-sha256")
         result = gate.check(tiny, candidate, contract, frozen, "cpu", 42, tmp_path / "out")
         assert result.passed, result.report()
-    assert 0 < result.metrics["values"]["audio_relative_l2"], "h3_triton's arithmetic is not the provider's"
+    assert 0 < result.metrics["workflows"]["fl2va"]["values"]["audio_relative_l2"], "h3_triton differs from the provider"

@@ -293,15 +293,24 @@ def load_checkpoint(path: str | os.PathLike) -> Model:
         param.data = param.data.clone()
     transformer.eval()
     config = plain_config(transformer)
-    files = checkpoint_files(root)
-    digest = hashlib.sha256("".join(f"{p.relative_to(root).as_posix()}:{file_digest(p)}|" for p in files).encode())
     return Model(
         name=status.model_name(str(root)),
         source=str(root),
         transformer=transformer,
-        identity=model_identity(config, digest.hexdigest()),
+        identity=model_identity(config, _files_digest(root, checkpoint_files(root))),
         config=config,
     )
+
+
+def _files_digest(root: Path, files: list[Path]) -> str:
+    return hashlib.sha256("".join(f"{p.relative_to(root).as_posix()}:{file_digest(p)}|" for p in files).encode()).hexdigest()
+
+
+def components_digest(path: str | os.PathLike) -> str:
+    """The identity of every component but the transformers: a digest of their files (cached by path, size and
+    mtime), so a release-size text encoder is hashed once, not read back from the device."""
+    root = Path(path).resolve()
+    return _files_digest(root, [p for p in checkpoint_files(root) if p.relative_to(root).parts[0] not in TRANSFORMERS])
 
 
 def load_components(path: str | os.PathLike) -> dict[str, object]:

@@ -2,7 +2,7 @@
 
 A contract file (``thresholds/<model>/<name>-contract.json``, locked in ``thresholds/LOCK.json`` like bounds)
 fixes the workflow (``fl2va`` from the reference keyframe of :mod:`h3gate.pipeline_reference`, named by its
-sha256, or ``t2va``), prompt, seeds, frames, canvas, frame rate, steps and audio sample rate; the fixed bounds
+sha256, or ``t2va``; a list such as ``["t2va", "fl2va"]`` makes every seed generate each of them), prompt, seeds, frames, canvas, frame rate, steps and audio sample rate; the fixed bounds
 (one per gated metric, in the range its row of :data:`h3gate.metrics.METRICS` allows); which rule gates
 (``fixed`` or ``calibrated``); and the calibration margin ``m``: the candidate's error may exceed the worst
 provider variant's by the factor ``1 + m`` (see :mod:`h3gate.gates.generation`).
@@ -41,7 +41,7 @@ _FIELDS = {
 class GenerationContract:
     path: Path
     digest: str  # sha256 of the contract file
-    workflow: str
+    workflows: tuple[str, ...]
     prompt: str
     reference_image_sha256: str | None
     seeds: tuple[int, ...]
@@ -67,7 +67,7 @@ class GenerationContract:
     def to_json(self) -> dict:
         return {
             "schema": SCHEMA,
-            "workflow": self.workflow,
+            "workflow": self.workflows[0] if len(self.workflows) == 1 else list(self.workflows),
             "prompt": self.prompt,
             "reference_image_sha256": self.reference_image_sha256,
             "seeds": list(self.seeds),
@@ -125,9 +125,23 @@ def _seeds(path, data) -> tuple[int, ...]:
     return tuple(seeds)
 
 
-def _reference_image(path, data, workflow) -> str | None:
+def _workflows(path, data) -> tuple[str, ...]:
+    """One workflow name, or a list of distinct ones (each seed generates every one)."""
+    value = require(path, data, "workflow", (str, list), "generation contract")
+    names = [value] if isinstance(value, str) else value
+    if not names:
+        raise FileFormatError(path, f"workflow is an empty list: name one or more of {', '.join(WORKFLOWS)}")
+    unknown = [name for name in names if name not in WORKFLOWS]
+    if unknown:
+        raise FileFormatError(path, f"unknown workflow {unknown[0]!r}; the generation gate runs {', '.join(WORKFLOWS)}")
+    if len(set(names)) != len(names):
+        raise FileFormatError(path, f"workflow lists {sorted({n for n in names if names.count(n) > 1})} more than once")
+    return tuple(names)
+
+
+def _reference_image(path, data, workflows) -> str | None:
     digest = data.get("reference_image_sha256")
-    if workflow == "t2va":
+    if "fl2va" not in workflows:
         if digest is not None:
             raise FileFormatError(path, "workflow t2va generates from the prompt alone: set reference_image_sha256 to null")
         return None
@@ -168,9 +182,7 @@ def load(path: str | Path) -> GenerationContract:
     unknown = sorted(set(data) - _FIELDS)
     if unknown:
         raise FileFormatError(path, f"{what} has unknown fields {unknown}")
-    workflow = require(path, data, "workflow", str, what)
-    if workflow not in WORKFLOWS:
-        raise FileFormatError(path, f"unknown workflow {workflow!r}; the generation gate runs {', '.join(WORKFLOWS)}")
+    workflows = _workflows(path, data)
     prompt = require(path, data, "prompt", str, what)
     if not prompt.strip():
         raise FileFormatError(path, "prompt is empty")
@@ -194,9 +206,9 @@ def load(path: str | Path) -> GenerationContract:
     return GenerationContract(
         path=path,
         digest=sha256_file(path),
-        workflow=workflow,
+        workflows=workflows,
         prompt=prompt,
-        reference_image_sha256=_reference_image(path, data, workflow),
+        reference_image_sha256=_reference_image(path, data, workflows),
         seeds=_seeds(path, data),
         num_frames=num_frames,
         height=_positive_int(path, data, "height"),

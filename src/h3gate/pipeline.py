@@ -4,6 +4,11 @@
 ``MiniMaxH3ModularPipeline(MiniMaxH3Blocks)`` around a given transformer, and ``generate`` runs a t2va or fl2va
 request and returns decoded video and stereo audio as numpy arrays.
 
+The request's encoders (the text encoder's prompt encoding, the keyframe's VAE encoding) depend on the request alone,
+never on its seed or the transformer, so a gate can run them once: ``encoder_pipeline`` + ``encode`` give their
+outputs (:data:`ENCODINGS`), and ``make_pipeline(..., encoders=False)`` is the same pipeline without those two blocks,
+taking those outputs as inputs (diffusers' blocks, split where the modular pipeline splits them).
+
 Facts a gate builds on (measured with the tiny preset):
 
 - Sequence. One packed sequence per request: ``[text | keyframe conditions | audio | video]``. The byte-level
@@ -39,9 +44,14 @@ Facts a gate builds on (measured with the tiny preset):
   ``position_ids`` and row indices.
 """
 
+import contextlib
+import resource
+import sys
+import time
+
 import numpy as np
 import torch
-from diffusers.modular_pipelines import MiniMaxH3Blocks, MiniMaxH3ModularPipeline
+from diffusers.modular_pipelines import MiniMaxH3Blocks, MiniMaxH3ModularPipeline, SequentialPipelineBlocks
 from PIL import Image
 
 from h3gate.pipeline_components import COMPONENT_CONFIGS, build_components
@@ -49,9 +59,13 @@ from h3gate.pipeline_reference import REFERENCE_IMAGE_SHA256, load_reference_ima
 
 __all__ = [
     "COMPONENT_CONFIGS",
+    "ENCODINGS",
     "REFERENCE_IMAGE_SHA256",
     "WORKFLOWS",
     "build_components",
+    "decode_costs",
+    "encode",
+    "encoder_pipeline",
     "generate",
     "load_reference_image",
     "make_pipeline",
@@ -64,25 +78,111 @@ WORKFLOWS = ("t2va", "fl2va")
 _UNBUILT_COMPONENTS = {"transformer_ref"}
 
 
-def make_pipeline(components: dict, transformer) -> MiniMaxH3ModularPipeline:
-    """``MiniMaxH3ModularPipeline`` with ``MiniMaxH3Blocks``, the given components and canvas configs (as
-    ``build_components`` returns them) and ``transformer``, ready to call.
+# The blocks that encode the request, and what they hand the denoising blocks.
+ENCODER_BLOCKS = ("before_encode", "text_encoder", "vae_encoder")
+ENCODINGS = ("prompt_embeds", "text_token_tags", "condition_latents")
 
-    Refuses unknown names and any missing component: the pipeline would otherwise fall back silently to the
-    release model's geometry (16x VAE, 24 latent channels, 32 kHz audio) for a missing VAE.
-    """
-    pipe = MiniMaxH3Blocks().init_pipeline()
+
+def _assemble(blocks, components: dict) -> MiniMaxH3ModularPipeline:
+    pipe = blocks.init_pipeline()
     known = set(pipe.component_names) | {spec.name for spec in pipe.blocks.expected_configs}
     unknown = sorted(set(components) - known)
     if unknown:
         raise ValueError(f"make_pipeline: unknown components or configs {unknown}; known names are {sorted(known)}.")
-    if "transformer" in components:
-        raise ValueError("make_pipeline: pass the transformer as the `transformer` argument, not in `components`.")
-    pipe.update_components(**components, transformer=transformer)
+    pipe.update_components(**components)
     missing = sorted(set(pipe.null_component_names) - _UNBUILT_COMPONENTS)
     if missing:
         raise ValueError(f"make_pipeline: components {missing} are missing; build them with build_components().")
+    if getattr(pipe, "vae", None) is not None:
+        pipe.vae.enable_tiling()  # the released decode is the tiled one (on by default; pinned here)
     return pipe
+
+
+def make_pipeline(components: dict, transformer, *, encoders: bool = True) -> MiniMaxH3ModularPipeline:
+    """``MiniMaxH3ModularPipeline`` with ``MiniMaxH3Blocks``, the given components and canvas configs (as
+    ``build_components`` returns them) and ``transformer``, ready to call. ``encoders=False`` leaves out the text and
+    keyframe encoder blocks (and needs neither the text encoder, tokenizer nor processor): ``generate`` then takes
+    their outputs as ``encodings``.
+
+    Refuses unknown names and any missing component: the pipeline would otherwise fall back silently to the
+    release model's geometry (16x VAE, 24 latent channels, 32 kHz audio) for a missing VAE.
+    """
+    if "transformer" in components:
+        raise ValueError("make_pipeline: pass the transformer as the `transformer` argument, not in `components`.")
+    blocks = MiniMaxH3Blocks()
+    if not encoders:
+        for name in ENCODER_BLOCKS[1:]:
+            blocks.sub_blocks.pop(name)
+    needed = set(blocks.init_pipeline().component_names) | {spec.name for spec in blocks.expected_configs}
+    return _assemble(blocks, {**{k: v for k, v in components.items() if encoders or k in needed}, "transformer": transformer})
+
+
+def encoder_pipeline(components: dict) -> MiniMaxH3ModularPipeline:
+    """The blocks of :data:`ENCODER_BLOCKS` alone, over the components they declare (the others are ignored)."""
+    whole = MiniMaxH3Blocks()
+    blocks = SequentialPipelineBlocks.from_blocks_dict({name: whole.sub_blocks[name] for name in ENCODER_BLOCKS})
+    needed = set(blocks.init_pipeline().component_names) | {spec.name for spec in blocks.expected_configs}
+    return _assemble(blocks, {name: value for name, value in components.items() if name in needed})
+
+
+def _request(workflow: str, image: Image.Image | None) -> dict:
+    if workflow not in WORKFLOWS:
+        raise ValueError(f"Unknown workflow {workflow!r}: choose one of {WORKFLOWS}.")
+    if workflow == "fl2va" and image is None:
+        raise ValueError("Workflow 'fl2va' starts from a keyframe: pass image=, e.g. load_reference_image().")
+    if workflow == "t2va" and image is not None:
+        raise ValueError("Workflow 't2va' generates from the prompt alone: drop image= or use workflow='fl2va'.")
+    return {} if image is None else {"image": image}
+
+
+def encode(pipe, *, workflow: str, prompt: str, num_frames: int, height: int, width: int,
+           image: Image.Image | None = None) -> dict:
+    """The :data:`ENCODINGS` of one request by an :func:`encoder_pipeline` (``condition_latents`` is None for t2va)."""
+    return pipe(prompt=prompt, num_frames=num_frames, height=height, width=width, output=list(ENCODINGS),
+                **_request(workflow, image))
+
+
+def _peak_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale
+
+
+@contextlib.contextmanager
+def decode_costs(pipe):
+    """Yield a dict that each decode of the body fills: ``{"video"|"audio": {"seconds", "peak_memory_bytes",
+    "memory"}}``, the peak being torch's allocated-memory peak of the decode on CUDA, the process's peak RSS on CPU
+    (which cannot be reset: the whole run's peak). The VAEs' ``decode`` is wrapped on the instances for the body."""
+    costs = {}
+    wrapped = {"video": pipe.vae, "audio": pipe.audio_vae}
+
+    def timing(name, module, decode):
+        def timed_decode(*args, **kwargs):
+            device = next(module.parameters()).device
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            start = time.perf_counter()
+            result = decode(*args, **kwargs)
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            costs[name] = {
+                "seconds": time.perf_counter() - start,
+                "peak_memory_bytes": _peak_memory(device),
+                "memory": "torch.cuda.max_memory_allocated" if device.type == "cuda" else "process peak RSS",
+            }
+            return result
+
+        return timed_decode
+
+    for name, module in wrapped.items():
+        module.decode = timing(name, module, module.decode)
+    try:
+        yield costs
+    finally:
+        for module in wrapped.values():
+            del module.decode
 
 
 def generate(
@@ -96,6 +196,7 @@ def generate(
     width: int,
     num_inference_steps: int,
     image: Image.Image | None = None,
+    encodings: dict | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Run one request and return ``(video, audio)``: video float32 ``(frames, height, width, 3)`` in [0, 1] and
     audio float32 ``(2, samples)``, stereo at ``pipe.audio_sampling_rate``.
@@ -103,16 +204,11 @@ def generate(
     ``workflow`` is "t2va" (prompt only) or "fl2va" (``image`` is the first keyframe). All noise comes from a CPU
     generator seeded with ``seed``, so the same arguments give bitwise the same initial noise on any device.
     ``num_frames`` is rounded up to the next 17 n + 5 by the pipeline and must end up within 124..345.
+    ``encodings`` (from :func:`encode`) are given to a pipeline made with ``encoders=False``.
     """
-    if workflow not in WORKFLOWS:
-        raise ValueError(f"Unknown workflow {workflow!r}: choose one of {WORKFLOWS}.")
-    if workflow == "fl2va" and image is None:
-        raise ValueError("Workflow 'fl2va' starts from a keyframe: pass image=, e.g. load_reference_image().")
-    if workflow == "t2va" and image is not None:
-        raise ValueError("Workflow 't2va' generates from the prompt alone: drop image= or use workflow='fl2va'.")
-    keyframe = {} if image is None else {"image": image}
+    keyframe = _request(workflow, image)
+    encoded = {"prompt": prompt} if encodings is None else encodings  # the prompt is in its encoding
     outputs = pipe(
-        prompt=prompt,
         num_frames=num_frames,
         height=height,
         width=width,
@@ -121,6 +217,7 @@ def generate(
         output_type="np",
         output=["videos", "audio"],
         **keyframe,
+        **encoded,
     )
     video = np.asarray(outputs["videos"][0], dtype=np.float32)
     audio = outputs["audio"][0].float().cpu().numpy()

@@ -1,9 +1,12 @@
 """The ``generation`` gate: the whole pipeline, one seed at a time, the candidate against the provider's generation.
 
 The pipeline is diffusers' modular MiniMax-H3 pipeline as shipped (:mod:`h3gate.pipeline`); only the transformer
-call is wrapped, by the resumable run store (:mod:`h3gate.resume`), which saves or replays every call.
+call is wrapped, by the resumable run store (:mod:`h3gate.resume`), which saves or replays every call. What the
+candidate does not touch, the text encoder's prompt encoding and the fl2va keyframe's VAE encoding, is made once per
+contract, workflow and component identity and cached on disk (:func:`encodings`); the text encoder then leaves the
+device, which at release size holds the transformer, both VAEs and the runs.
 
-:func:`check` (one seed, one pytest item):
+:func:`check` (one seed, one pytest item; every workflow the contract names, each its own pair of generations):
 
 1. Cheap before expensive: the model gate must have passed for this model and candidate identity
    (:mod:`h3gate.gate_passes` records the verdict and checks it); an override reason lets it run anyway and is
@@ -18,19 +21,20 @@ call is wrapped, by the resumable run store (:mod:`h3gate.resume`), which saves 
    the other rule is reported in ``GateResult.metrics``.
 
 :func:`freeze`, before any candidate generates: the provider and every variant generate every seed; per gated
-metric the worst value over the variants and seeds, widened by the contract's margin ``m`` as the metric's row
+metric the worst value over the variants, workflows and seeds, widened by the contract's margin ``m`` as the metric's row
 of :data:`h3gate.metrics.METRICS` says, is the calibrated bound. A variant whose generations equal the provider's
 (or an earlier variant's) bitwise adds nothing and is dropped, as recorded; when no variant changes a metric at
 all freezing is refused, since the rule would then demand bitwise equality. The bounds file is written and locked
 with :mod:`h3gate.bounds` (``thresholds/<model>/<device class>/<contract name>-bounds.json``).
 
-Run store: ``out_dir/generation/<model>/<contract name>/<role>-<identity digest>/seed<k>/``, role ``provider``,
-``variant-<mode>`` or ``candidate-<name>``; each run's identity holds the model identity, components digest,
-contract digest, candidate identity (name, source digest), numerics mode and switches, device class and the
+Run store: ``out_dir/generation/<model>/<contract name>/<role>-<identity digest>/<workflow>-seed<k>/``, role
+``provider``, ``variant-<mode>`` or ``candidate-<name>``; each run's identity holds the workflow, model identity,
+components and encodings digests, contract digest, candidate identity (name, source digest), numerics mode and switches, device class and the
 torch / triton / diffusers versions. A run of another identity in that folder is refused, never replaced.
 
-The embedded presets' pipeline components are built here (:func:`h3gate.pipeline.build_components`, seed 0);
-a checkpoint folder's components are not loaded yet, so the gate refuses checkpoint models.
+Pipeline components: the embedded presets' are built (:func:`h3gate.pipeline.build_components`, seed 0), a
+checkpoint folder's loaded (:func:`h3gate.checkpoint.load_components`); kept in memory per model source. Each finished
+run records its decodes' time and peak memory (:func:`h3gate.pipeline.decode_costs`) and the video VAE's tiling.
 
 Entry points (``progress`` is a text stream for tqdm's step bars, or None for none), besides the gate protocol of
 :mod:`h3gate.gates` at the end, whose items are seeds of the marker's ``contract`` (default ``generation``):
@@ -39,10 +43,11 @@ Entry points (``progress`` is a text stream for tqdm's step bars, or None for no
   -> :class:`GenerationBounds` (written and locked);
 - ``frozen_bounds(thresholds, model, contract, device)`` -> :class:`GenerationBounds`, or ``BoundsError``;
 - ``check(model, candidate, contract, frozen, device, seed, out_dir, *, verify_last_step=False, progress=None,
-  model_gate_override=None)`` -> ``GateResult`` of one seed: checks ``same_start`` (+ ``determinism`` when a
-  step was verified) and the gating rule's four metrics; ``metrics`` holds every value, per-frame lists and
-  both rules; ``context`` the artifacts (path, sha256) of both generations, noise digests, run folders,
-  contract and bounds digests and the model gate's pass or override;
+  model_gate_override=None)`` -> ``GateResult`` of one seed: per workflow, checks ``<workflow>.same_start``
+  (+ ``determinism`` when a step was verified) and the gating rule's four metrics; ``metrics["workflows"]`` holds
+  every value, per-frame lists and both rules; ``context["workflows"]`` the artifacts (path, sha256) of both generations, noise digests, run folders,
+  costs (encoding, decodes, transformer calls); ``context`` the contract and bounds digests and the model gate's
+  pass or override;
 - ``run_generation(...)`` -> :class:`Generation`, one resumable generation (also the provider cache).
 
 ``check`` raises (rather than fails) what a person must fix: :class:`h3gate.gate_passes.NotPassed`, a
@@ -56,16 +61,18 @@ import contextlib
 import functools
 import hashlib
 import json
-from dataclasses import dataclass, fields
+import time
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
+import safetensors.torch
 import torch
 
 from h3gate import bounds as bounds_mod
-from h3gate import gate_passes, metrics, numerics, resume
+from h3gate import gate_passes, metrics, numerics, pipeline, resume
 from h3gate.candidates import Candidate, CandidateError
-from h3gate.files import FileFormatError, sha256_bytes, sha256_file
+from h3gate.files import FileFormatError, read_json, sha256_bytes, sha256_file, write_atomic, write_json
 from h3gate.generation_contract import GenerationContract
 from h3gate.measure import timed
 from h3gate.model import Model, tensor_digest
@@ -74,7 +81,8 @@ from h3gate.gates import ItemError
 from h3gate.verdict import Check, GateResult
 
 GATE = "generation"
-RUN_SCHEMA = "h3gate.generation-run/1"
+RUN_SCHEMA = "h3gate.generation-run/2"
+ENCODING_SCHEMA = "h3gate.generation-encoding/1"
 COMPONENTS_SEED = 0
 
 
@@ -86,6 +94,7 @@ class Generation:
     """One finished generation of the run store: decoded arrays, artifacts and the first call's input digests."""
 
     role: str
+    workflow: str
     seed: int
     folder: Path
     video: np.ndarray
@@ -95,6 +104,7 @@ class Generation:
     first_call_inputs: dict  # input name -> sha256
     reused: bool
     verified_step: int | None = None
+    costs: dict = field(default_factory=dict)  # decodes (saved with the run), transformer calls made now
 
     def summary(self) -> dict:
         return {
@@ -103,6 +113,7 @@ class Generation:
             "notes": self.notes,
             "reused": self.reused,
             "verified_step": self.verified_step,
+            "costs": self.costs,
         }
 
 
@@ -125,14 +136,21 @@ def _components_digest(components: dict) -> str:
 
 
 @functools.lru_cache(maxsize=2)
-def _components(model_name: str) -> tuple[dict, str]:
-    if model_name not in COMPONENT_CONFIGS:
+def _components(source: str) -> tuple[dict, str]:
+    """The pipeline components of a model source (everything but the transformer) with their identity, on the host:
+    an embedded preset's built (seed 0), a checkpoint folder's loaded through the libraries' own loaders."""
+    if not source.startswith("preset:"):
+        from h3gate.checkpoint import components_digest, load_components
+
+        return load_components(source), components_digest(source)
+    preset = source.split(":")[1]
+    if preset not in COMPONENT_CONFIGS:
         raise ValueError(
-            f"the generation gate builds the pipeline components of the embedded presets "
-            f"({', '.join(sorted(COMPONENT_CONFIGS))}); model {model_name!r} is a checkpoint folder, whose VAEs and "
-            "text encoder it does not load: run the generation gate on an embedded preset"
+            f"the generation gate builds the pipeline components of the presets {', '.join(sorted(COMPONENT_CONFIGS))} "
+            f"or loads a checkpoint folder's; {preset!r} has none (benchmarks/release_generation.py builds the release "
+            "pipeline's)"
         )
-    components = build_components(model_name, COMPONENTS_SEED)
+    components = build_components(preset, COMPONENTS_SEED)
     return components, _components_digest(components)
 
 
@@ -144,11 +162,16 @@ def _quiet(blocks) -> None:
         _quiet(block)
 
 
-def run_folder(out_dir, model: Model, contract: GenerationContract, role: str, seed: int, identity: dict) -> Path:
-    """One folder per (identity, seed): a changed kernel, contract or library starts a new run beside the old
-    one, which stays untouched; the identity's digest in the name keeps them apart."""
+def _contract_folder(out_dir, model: Model, contract: GenerationContract) -> Path:
+    return Path(out_dir) / GATE / model.name / contract.name
+
+
+def run_folder(out_dir, model: Model, contract: GenerationContract, role: str, workflow: str, seed: int,
+               identity: dict) -> Path:
+    """One folder per (identity, workflow, seed): a changed kernel, contract or library starts a new run beside the
+    old one, which stays untouched; the identity's digest in the name keeps them apart."""
     digest = sha256_bytes(json.dumps(identity, sort_keys=True).encode())[:12]
-    return Path(out_dir) / GATE / model.name / contract.name / f"{role}-{digest}" / f"seed{seed}"
+    return _contract_folder(out_dir, model, contract) / f"{role}-{digest}" / f"{workflow}-seed{seed}"
 
 
 def _role(mode: numerics.Mode, candidate: Candidate | None) -> str:
@@ -164,7 +187,7 @@ def _versions() -> dict:
     return {"torch": torch.__version__, "triton": triton.__version__, "diffusers": diffusers.__version__}
 
 
-def _identity(role, seed, model, components_digest, contract, candidate, mode, device) -> dict:
+def _identity(role, workflow, seed, model, components_digest, encodings_digest, contract, candidate, mode, device) -> dict:
     switches = {
         key: value if isinstance(value, (str, int, float, bool)) or value is None else str(value)
         for key, value in numerics.snapshot().items()
@@ -172,9 +195,11 @@ def _identity(role, seed, model, components_digest, contract, candidate, mode, d
     return {
         "schema": RUN_SCHEMA,
         "role": role,
+        "workflow": workflow,
         "seed": seed,
         "model": {"name": model.name, "identity": model.identity},
         "components_sha256": components_digest,
+        "encodings_sha256": encodings_digest,
         "contract": {"name": contract.name, "sha256": contract.digest},
         "candidate": candidate.identity() if candidate is not None else None,
         "numerics": {"mode": mode.name, "switches": switches},
@@ -187,6 +212,93 @@ def _describe(inputs: dict) -> dict:
     return {"timesteps": inputs["timestep"].tolist()}
 
 
+# Encodings: what the candidate does not touch, made once per contract, workflow and component identity ----------
+
+
+class EncodingError(RuntimeError):
+    """A cached encoding that does not match its record: names the files to delete."""
+
+
+def _synchronize(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def encodings(model: Model, contract: GenerationContract, workflow: str, components: tuple[dict, str], device: str,
+              out_dir) -> tuple[dict, dict]:
+    """The request's encodings for ``workflow`` (:data:`h3gate.pipeline.ENCODINGS`: the text encoder's prompt
+    encoding, the keyframe's VAE encoding), and what making them cost.
+
+    Cached under ``out_dir/generation/<model>/<contract>/encodings/<workflow>-<identity digest>.safetensors`` with a
+    ``.json`` record of its identity and sha256 (both written atomically, the record last) and checked against that
+    sha256 on every read. Made on a miss, with the text encoder moved to ``device`` for the call and back to the host
+    after it, so the transformer, both VAEs and the runs have the device to themselves. ``prompt_embeds`` is returned
+    on ``device``, the rest on the host, where diffusers' encoder blocks leave them."""
+    parts, components_digest = components
+    identity = {
+        "schema": ENCODING_SCHEMA,
+        "workflow": workflow,
+        "contract": {"name": contract.name, "sha256": contract.digest},
+        "components_sha256": components_digest,
+        "device_class": bounds_mod.device_class(device),
+        "versions": _versions(),
+    }
+    digest = sha256_bytes(json.dumps(identity, sort_keys=True).encode())[:12]
+    path = _contract_folder(out_dir, model, contract) / "encodings" / f"{workflow}-{digest}.safetensors"
+    record = path.with_suffix(".json")
+    if record.is_file():
+        expected = read_json(record, "encoding record").get("sha256")
+        if not path.is_file() or sha256_file(path) != expected:
+            raise EncodingError(f"{path}: missing or its sha256 differs from {record.name} (damaged or partly copied); "
+                                f"delete {path.name} and {record.name} to encode again")
+        tensors = safetensors.torch.load_file(path)
+        return _unflatten(tensors, device), {"encoded": False, "file": str(path), "sha256": expected}
+    text_encoder = parts["text_encoder"]
+    text_encoder.to(device)
+    parts["vae"].to(device)
+    try:
+        start = time.perf_counter()
+        encoded = pipeline.encode(
+            pipeline.encoder_pipeline(parts), workflow=workflow, prompt=contract.prompt,
+            num_frames=contract.num_frames, height=contract.height, width=contract.width,
+            image=load_reference_image() if workflow == "fl2va" else None,
+        )
+        _synchronize(device)
+        seconds = time.perf_counter() - start
+    finally:
+        text_encoder.to("cpu")  # released: the device holds the transformer, both VAEs and the runs
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()
+    data = safetensors.torch.save(_flatten(encoded))
+    write_atomic(path, data)
+    write_json(record, {"identity": identity, "sha256": sha256_bytes(data)})
+    return encoded, {"encoded": True, "seconds": seconds, "file": str(path), "sha256": sha256_bytes(data)}
+
+
+def _flatten(encoded: dict) -> dict[str, torch.Tensor]:
+    flat = {name: encoded[name].contiguous().cpu() for name in ("prompt_embeds", "text_token_tags")}
+    for index, latents in enumerate(encoded["condition_latents"] or []):
+        flat[f"condition_latents.{index}"] = latents.contiguous().cpu()
+    return flat
+
+
+def _unflatten(tensors: dict, device: str) -> dict:
+    conditions = sorted((k for k in tensors if k.startswith("condition_latents.")), key=lambda k: int(k.split(".")[1]))
+    return {
+        "prompt_embeds": tensors["prompt_embeds"].to(device),
+        "text_token_tags": tensors["text_token_tags"],
+        "condition_latents": [tensors[key] for key in conditions] or None,
+    }
+
+
+def _workflow(contract: GenerationContract, workflow: str | None) -> str:
+    if workflow is None and len(contract.workflows) == 1:
+        return contract.workflows[0]
+    if workflow not in contract.workflows:
+        raise ValueError(f"workflow {workflow!r} is not one of {contract.path}'s workflows {list(contract.workflows)}")
+    return workflow
+
+
 def run_generation(
     model: Model,
     contract: GenerationContract,
@@ -194,18 +306,22 @@ def run_generation(
     device: str,
     out_dir,
     *,
+    workflow: str | None = None,
     mode: numerics.Mode = numerics.PROVIDER,
     candidate: Candidate | None = None,
     expected_first_inputs: dict | None = None,
     verify_last_step: bool = False,
     progress=None,
     lock_timeout: float = 3600.0,
+    components: tuple[dict, str] | None = None,
 ) -> Generation:
-    """The generation of ``seed`` by the provider (under ``mode``) or by ``candidate``: reused from the run store
-    when finished with the same identity, resumed when partly saved, generated otherwise.
+    """The generation of ``seed`` and ``workflow`` (default: the contract's only one) by the provider (under
+    ``mode``) or by ``candidate``: reused from the run store when finished with the same identity, resumed when partly
+    saved, generated otherwise.
 
     ``expected_first_inputs`` (a reference generation's ``first_call_inputs``) stops the run at its first call if
     its inputs differ (:class:`h3gate.resume.StartMismatch`). ``progress`` is the text stream of the step bar.
+    ``components`` (pipeline components and their identity) replaces the model source's own.
     """
     if candidate is not None and mode.name != numerics.PROVIDER.name:
         raise ValueError(f"a candidate generates under the provider mode, not {mode.name!r}")
@@ -213,24 +329,36 @@ def run_generation(
         raise ValueError("the generation gate compares generations at checkpoint precision; golden is not one of them")
     if seed not in contract.seeds:
         raise ValueError(f"seed {seed} is not one of the contract's seeds {list(contract.seeds)} ({contract.path})")
+    workflow = _workflow(contract, workflow)
     role = _role(mode, candidate)
-    components, components_digest = _components(model.name)
+    components = components or _components(model.source)
+    encoded, encoding_costs = encodings(model, contract, workflow, components, device, out_dir)
     transformer = model.transformer.to(device)
-    for component in components.values():
-        if isinstance(component, torch.nn.Module):
-            component.to(device)
-    pipe = make_pipeline(components, transformer)
+    parts = {name: value for name, value in components[0].items() if name != "text_encoder"}
+    for name in ("vae", "audio_vae"):
+        parts[name].to(device)
+    pipe = make_pipeline(parts, transformer, encoders=False)
     _quiet(pipe._blocks)  # the running blocks: the public ``blocks`` is a copy
     contract.check_pipeline(pipe)
-    image = load_reference_image() if contract.workflow == "fl2va" else None
     with numerics.activate(mode):  # the identity records the switches the transformer calls run under
-        identity = _identity(role, seed, model, components_digest, contract, candidate, mode, device)
-    folder = run_folder(out_dir, model, contract, role, seed, identity)
+        identity = _identity(role, workflow, seed, model, components[1], encoding_costs["sha256"], contract, candidate,
+                             mode, device)
+    folder = run_folder(out_dir, model, contract, role, workflow, seed, identity)
+    call_seconds: list[float] = []
+    scoped = numerics.scoped(mode, numerics.runner(mode, transformer.forward))
+
+    def call(**inputs):
+        start = time.perf_counter()
+        outputs = scoped(**inputs)
+        _synchronize(device)
+        call_seconds.append(time.perf_counter() - start)
+        return outputs
+
     with resume.Run(
         folder,
         identity,
         contract.transformer_calls,
-        label=f"{role} seed {seed}",
+        label=f"{role} {workflow} seed {seed}",
         progress=progress,
         lock_timeout=lock_timeout,
         verify_last_step=verify_last_step,
@@ -239,26 +367,28 @@ def run_generation(
         reused = run.finished is not None
         if not reused or verify_last_step:
             installed = candidate.installed(transformer) if candidate is not None else contextlib.nullcontext()
-            call = numerics.scoped(mode, numerics.runner(mode, transformer.forward))
-            with installed, run.intercept(transformer, call, _describe):
+            with installed, run.intercept(transformer, call, _describe), pipeline.decode_costs(pipe) as decodes:
                 video, audio = generate(
                     pipe,
-                    workflow=contract.workflow,
+                    workflow=workflow,
                     prompt=contract.prompt,
                     seed=seed,
                     num_frames=contract.num_frames,
                     height=contract.height,
                     width=contract.width,
                     num_inference_steps=contract.num_inference_steps,
-                    image=image,
+                    image=load_reference_image() if workflow == "fl2va" else None,
+                    encodings=encoded,
                 )
         if not reused:
             _require_finite(video, audio, role, CandidateError if candidate is not None else ValueError)
             written, notes = metrics.write_artifacts(folder, video, audio, contract.fps, contract.audio_sample_rate)
-            run.finish({name: artifact["sha256"] for name, artifact in written.items()}, {"notes": notes})
+            run.finish({name: artifact["sha256"] for name, artifact in written.items()},
+                       {"notes": notes, "decode": decodes, "tiling": _tiling(pipe.vae)})
         video, audio = metrics.read_arrays(folder / metrics.ARRAYS_FILE)
         return Generation(
             role=role,
+            workflow=workflow,
             seed=seed,
             folder=folder,
             video=video,
@@ -268,7 +398,20 @@ def run_generation(
             first_call_inputs=run.first_call_inputs,
             reused=reused,
             verified_step=run.verified_step,
+            costs={
+                "encoding": encoding_costs,
+                "decode": run.finished.get("decode", {}),
+                "vae_tiling": run.finished.get("tiling"),
+                "transformer_call_seconds": call_seconds,
+            },
         )
+
+
+def _tiling(vae) -> dict:
+    """The video VAE's tiling as the decode ran it (diffusers' ``enable_tiling`` settings)."""
+    return {"use_tiling": vae.use_tiling, "use_slicing": vae.use_slicing,
+            "tile_sample_min": [vae.tile_sample_min_height, vae.tile_sample_min_width],
+            "tile_sample_min_overlap": [vae.tile_sample_min_overlap_height, vae.tile_sample_min_overlap_width]}
 
 
 def _require_finite(video: np.ndarray, audio: np.ndarray, role: str, error) -> None:
@@ -309,7 +452,8 @@ def freeze(
     out_dir="h3-out",
     progress=None,
 ) -> GenerationBounds:
-    """Generate every seed with the provider and each variant, freeze the calibrated bounds and lock them."""
+    """Generate every workflow and seed with the provider and each variant, freeze the calibrated bounds (the worst
+over all of them) and lock them."""
     device_class = bounds_mod.device_class(device)
     path = bounds_mod.bounds_path(thresholds, model.name, device_class, contract.name)
     bounds_mod.refuse_overwrite(path, force_reason)  # before minutes of generating, not after
@@ -318,20 +462,22 @@ def freeze(
         raise bounds_mod.BoundsError("calibrating generation bounds needs at least one provider variant")
     modes = [numerics.get(name, device) for name in names]
     timings: dict[str, float] = {}
-    measured: dict[str, dict[int, dict]] = {name: {} for name in names}
+    runs = [(workflow, seed) for seed in contract.seeds for workflow in contract.workflows]
+    measured: dict[str, dict[str, dict]] = {name: {} for name in names}
     digests: dict[str, dict[str, str]] = {source: {} for source in ["provider", *names]}
-    for seed in contract.seeds:
+    for workflow, seed in runs:
+        key = f"{workflow}.seed{seed}"
         with timed(timings, "provider"):
-            reference = run_generation(model, contract, seed, device, out_dir, progress=progress)
-        digests["provider"][f"seed{seed}"] = reference.artifacts[metrics.ARRAYS_FILE]["sha256"]
+            reference = run_generation(model, contract, seed, device, out_dir, workflow=workflow, progress=progress)
+        digests["provider"][key] = reference.artifacts[metrics.ARRAYS_FILE]["sha256"]
         for mode in modes:
             with timed(timings, mode.name):
                 generated = run_generation(
-                    model, contract, seed, device, out_dir, mode=mode,
+                    model, contract, seed, device, out_dir, workflow=workflow, mode=mode,
                     expected_first_inputs=reference.first_call_inputs, progress=progress,
                 )
-            digests[mode.name][f"seed{seed}"] = generated.artifacts[metrics.ARRAYS_FILE]["sha256"]
-            measured[mode.name][seed] = metrics.compare(generated.video, generated.audio, reference.video, reference.audio)
+            digests[mode.name][key] = generated.artifacts[metrics.ARRAYS_FILE]["sha256"]
+            measured[mode.name][key] = metrics.compare(generated.video, generated.audio, reference.video, reference.audio)
     kept: list[str] = []
     dropped: dict[str, str] = {}
     for name in names:
@@ -348,7 +494,7 @@ def freeze(
         )
     table, providers = {}, []
     for metric in metrics.METRICS:
-        worst, source = metric.worst((measured[name][seed][metric.name], name) for name in kept for seed in contract.seeds)
+        worst, source = metric.worst((values[metric.name], name) for name in kept for values in measured[name].values())
         if worst == metric.identical:
             raise bounds_mod.BoundsError(f"no variant of {kept} changed {metric.name} on any seed; the calibrated bound "
                                          "would demand bitwise equality")
@@ -360,7 +506,8 @@ def freeze(
         model_identity=model.identity,
         device_class=device_class,
         bounds=table,
-        errors={name: {f"seed{seed}.{m}": measured[name][seed][m] for seed in contract.seeds for m in metrics.GATED} for name in kept},
+        errors={name: {f"{key}.{m}": values[m] for key, values in measured[name].items() for m in metrics.GATED}
+                for name in kept},
         sources=names,
         providers=providers,
         duplicates_dropped=dropped,
@@ -397,12 +544,13 @@ def frozen_bounds(thresholds: Path, model: Model, contract: GenerationContract, 
 # The check --------------------------------------------------------------------------------------------
 
 
-def _evaluate(values: dict, bounds: dict, rule: str, seed: int) -> list[Check]:
+def _evaluate(values: dict, bounds: dict, rule: str, workflow: str, seed: int) -> list[Check]:
     checks = []
     for metric in metrics.METRICS:
         value, bound = values[metric.name], bounds[metric.name]
         passed = metric.passes(value, bound)
-        checks.append(Check(metric.name, f"{rule} rule", value, bound, passed, {"seed": seed}, metric.direction))
+        checks.append(Check(f"{workflow}.{metric.name}", f"{rule} rule", value, bound, passed,
+                            {"workflow": workflow, "seed": seed}, metric.direction))
     return checks
 
 
@@ -419,7 +567,9 @@ def check(
     progress=None,
     model_gate_override: str | None = None,
 ) -> GateResult:
-    """Qualify ``candidate``'s generation of ``seed`` against the provider's, under frozen bounds."""
+    """Qualify ``candidate``'s generations of ``seed`` (one per workflow of the contract) against the provider's,
+    under frozen bounds. Checks are named ``<workflow>.<check>``; ``context["workflows"]`` and
+    ``metrics["workflows"]`` hold each workflow's runs and values."""
     model_gate = gate_passes.require_pass(out_dir, "model", model, candidate.identity(), model_gate_override)
     if frozen.provenance.get("contract_sha256") != contract.digest:
         raise bounds_mod.BoundsError(f"bounds {frozen.path} were frozen for another contract than {contract.path}")
@@ -434,56 +584,72 @@ def check(
         "device_class": frozen.device_class,
         "gating_rule": contract.gating_rule,
         "model_gate": model_gate,
+        "workflows": {},
     }
-    params = {"seed": seed}
-    with timed(timings, "provider"):
-        reference = run_generation(model, contract, seed, device, out_dir, progress=progress)
-    context["provider"] = reference.summary()
+    report = {"gating_rule": contract.gating_rule, "workflows": {}}
+    checks = []
+    for workflow in contract.workflows:
+        found, context["workflows"][workflow], values = _check_workflow(
+            model, candidate, contract, frozen, device, workflow, seed, out_dir, timings,
+            verify_last_step=verify_last_step, progress=progress)
+        checks += found
+        if values is not None:
+            report["workflows"][workflow] = values
+    return GateResult(GATE, {"seed": seed}, checks, context, report, timings)
+
+
+def _check_workflow(model, candidate, contract, frozen, device, workflow, seed, out_dir, timings, *, verify_last_step,
+                    progress) -> tuple[list[Check], dict, dict | None]:
+    """(checks, context, metrics or None when no metric was measured) of one workflow of the seed."""
+    with timed(timings, f"{workflow}.provider"):
+        reference = run_generation(model, contract, seed, device, out_dir, workflow=workflow, progress=progress)
+    context = {"provider": reference.summary()}
     try:
-        with timed(timings, "candidate"):
+        with timed(timings, f"{workflow}.candidate"):
             generated = run_generation(
-                model, contract, seed, device, out_dir, candidate=candidate,
+                model, contract, seed, device, out_dir, workflow=workflow, candidate=candidate,
                 expected_first_inputs=reference.first_call_inputs, verify_last_step=verify_last_step,
                 progress=progress,
             )
     except resume.StartMismatch as error:
         context["noise_digests"] = {"provider": error.expected, "candidate": error.found}
-        return GateResult(GATE, params, [Check.failed("same_start", "same_start", str(error))], context, {}, timings)
+        return [Check.failed(f"{workflow}.same_start", "same_start", str(error))], context, None
     except resume.Nondeterministic as error:  # raised after the run checked its first call against the provider's
         context["noise_digests"] = {"provider": reference.first_call_inputs, "candidate": reference.first_call_inputs}
         checks = [
-            _same_start_passed(),
-            Check.failed("determinism", "determinism", str(error), value=error.max_abs, step=error.step),
+            _same_start_passed(workflow),
+            Check.failed(f"{workflow}.determinism", "determinism", str(error), value=error.max_abs, step=error.step),
         ]
-        return GateResult(GATE, params, checks, context, {}, timings)
+        return checks, context, None
     context["candidate_run"] = generated.summary()
     context["noise_digests"] = {"provider": reference.first_call_inputs, "candidate": generated.first_call_inputs}
     context["artifacts"] = {"provider": reference.artifacts, "candidate": generated.artifacts}
     mismatch = resume.start_mismatch(reference.first_call_inputs, generated.first_call_inputs)
     if mismatch is not None:  # a reused candidate run made against another provider generation
-        return GateResult(GATE, params, [Check.failed("same_start", "same_start", str(mismatch))], context, {}, timings)
-    checks = [_same_start_passed()]
+        return [Check.failed(f"{workflow}.same_start", "same_start", str(mismatch))], context, None
+    checks = [_same_start_passed(workflow)]
     if generated.verified_step is not None:
-        checks.append(Check("determinism", "determinism", 0.0, 0.0, True, {"verified_step": generated.verified_step}))
-    with timed(timings, "metrics"):
+        checks.append(Check(f"{workflow}.determinism", "determinism", 0.0, 0.0, True,
+                            {"verified_step": generated.verified_step}))
+    with timed(timings, f"{workflow}.metrics"):
         values = metrics.compare(generated.video, generated.audio, reference.video, reference.audio)
     rules = {"fixed": contract.fixed_bounds, "calibrated": frozen.bounds}
-    evaluated = {rule: _evaluate(values, bounds, rule, seed) for rule, bounds in rules.items()}
+    evaluated = {rule: _evaluate(values, bounds, rule, workflow, seed) for rule, bounds in rules.items()}
     checks += evaluated[contract.gating_rule]
     report = {
         "values": {key: value for key, value in values.items() if key != "per_frame"},
         "per_frame": values["per_frame"],
-        "gating_rule": contract.gating_rule,
         "rules": {
             rule: {c.name: {"value": c.value, "bound": c.bound, "passed": c.passed, "margin": c.margin} for c in found}
             for rule, found in evaluated.items()
         },
     }
-    return GateResult(GATE, params, checks, context, report, timings)
+    return checks, context, report
 
 
-def _same_start_passed() -> Check:
-    return Check("same_start", "same_start", 0.0, 0.0, True, {"reason": "first call's inputs equal the provider's bitwise"})
+def _same_start_passed(workflow: str) -> Check:
+    return Check(f"{workflow}.same_start", "same_start", 0.0, 0.0, True,
+                 {"reason": "first call's inputs equal the provider's bitwise"})
 
 
 # The gate protocol (:mod:`h3gate.gates`) ------------------------------------------------------------------
