@@ -73,7 +73,9 @@ def compare(x: torch.Tensor, ref: torch.Tensor) -> dict:
         result.update(
             ulp_max=int(ulp.max()),
             ulp_mean=ulp_float.mean().item(),
-            ulp_p99=ulp_float.kthvalue(max(1, math.ceil(0.99 * ulp.numel()))).values.item(),
+            # The k-th smallest by sorting: CUDA's kthvalue selects within one thread block per slice, which on a
+            # 154 M-value parameter gradient is a single block walking all of it, 32 times.
+            ulp_p99=float(ulp.sort().values[math.ceil(0.99 * ulp.numel()) - 1]),
             bitwise_equal_fraction=(ulp == 0).double().mean().item(),
         )
     return result

@@ -176,9 +176,9 @@ def build_release(seed: int = 0, layers: int | None = None, device: str = "cuda"
     multiprocessor count).
     """
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
+        where = f"{device!r} is not one" if torch.cuda.is_available() else "torch sees none on this machine"
         raise ModelError(
-            f"the {RELEASE} model is built on a CUDA GPU with about 70 GiB free (61.7 GiB of bfloat16 weights); "
-            f"device {device!r} is not one (torch.cuda.is_available() is {torch.cuda.is_available()})"
+            f"the {RELEASE} model is built on a CUDA GPU with about 70 GiB free (61.7 GiB of bfloat16 weights); {where}"
         )
     layers = release_layers(layers)
     transformer = _materialised({**RELEASE_CONFIG, "num_layers": layers}, seed, device)

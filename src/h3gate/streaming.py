@@ -19,9 +19,10 @@ run_taps(golden))`` for each run) holding only what the next step needs:
   comes last, with the input gradient of block 0 and the timestep embedding's gradient summed over every block.
 
 Tap names and inventory are :func:`h3gate.taps.forward_backward`'s with :data:`~h3gate.taps.MODEL_NODES`.
-Non-provider runs' blocks run through the block program over :data:`~h3gate.block_program.PROVIDER_OPS`,
-bitwise diffusers' blocks (tests/test_block_program.py) but with math SDPA in query chunks, which golden and
-``sdpa-math`` need at release size; a candidate's blocks run its installed forwards.
+Blocks run diffusers' forward, or a candidate's installed one; under math SDPA (golden, ``sdpa-math``) they run
+the block program over :data:`~h3gate.block_program.PROVIDER_OPS`, bitwise diffusers' blocks
+(tests/test_block_program.py) with math SDPA in query chunks once the scores would pass 2 GiB (at release size
+they would take 305 GiB).
 
 Same numbers as the in-memory run (tests/test_streaming.py): on a CPU every metric is bitwise equal, since each
 op sees the same operands in the same order: a block recomputed from its saved input repeats its forward, and
@@ -63,6 +64,7 @@ from h3gate.measure import CANDIDATE_FAILURES, check_finite, failed, timed
 from h3gate.model import Model
 
 HEAD = ("norm_out", "proj_out", "audio_proj_out")  # the modules diffusers' forward runs after the block stack
+MATH = "_native_math"  # the attention backend whose runs' blocks go through the block program, in query chunks
 SAVED_ON = ("device", "host")
 
 
@@ -122,15 +124,17 @@ class _Run:
         return copy.deepcopy(block).float() if self.mode.fp32_weights else block
 
     def call(self, block: torch.nn.Module) -> Callable:
-        program = block if self.candidate is not None else functools.partial(transformer_block_forward, PROVIDER_OPS, block)
-        return numerics.runner(self.mode, program)
+        if self.candidate is None and self.mode.attention_backend == MATH:
+            block = functools.partial(transformer_block_forward, PROVIDER_OPS, block)
+        return numerics.runner(self.mode, block)
 
 
 class _Lockstep:
     """The reference's taps, each held until every run has been compared with it; the runs' metrics."""
 
-    def __init__(self, reference: _Run, runs: list[_Run]):
+    def __init__(self, reference: _Run, runs: list[_Run], timings: dict):
         self.reference = reference
+        self.timings = timings
         self.pending: dict[str, list] = {}  # tap -> [reference tensor, runs still to compare]
         self.errors: dict[str, dict[str, dict]] = {run.name: {} for run in runs}
 
@@ -148,7 +152,8 @@ class _Lockstep:
         held = self.pending.get(name)
         if held is None:  # a tap the reference has not: left out, as errors_against leaves it
             return
-        self.errors[run.name][name] = compare(tensor, held[0])
+        with timed(self.timings, "compare"):
+            self.errors[run.name][name] = compare(tensor, held[0])
         held[1] -= 1
         if not held[1]:
             del self.pending[name]
@@ -172,8 +177,8 @@ def stream_errors(
 ) -> dict[str, dict[str, dict]]:
     """{run name: {tap: :func:`h3gate.compare.compare` metrics against the reference}} for each of ``runs`` (name ->
     (mode, candidate or None)), from one forward and backward of the whole transformer at ``inputs`` (module
-    docstring). ``timings`` collects seconds per phase (``forward.pre``, ``forward.block<i>``, ...); ``saved_on``
-    says where the runs keep their block inputs."""
+    docstring). ``timings`` collects seconds per phase (``forward.pre``, ``forward.block<i>``, ...; ``compare``
+    counts the comparisons inside them); ``saved_on`` says where the runs keep their block inputs."""
     if saved_on not in SAVED_ON:
         raise ValueError(f"saved_on is one of {SAVED_ON}, not {saved_on!r}")
     if any(mode.fp32_weights and candidate is not None for mode, candidate in runs.values()):
@@ -186,7 +191,7 @@ def stream_errors(
             shell = copy.deepcopy(transformer).float()
     reference = _Run(reference_mode.name, reference_mode, None, shell if reference_mode.fp32_weights else transformer, blocks)
     compared = [_Run(name, mode, candidate, transformer, blocks) for name, (mode, candidate) in runs.items()]
-    lockstep = _Lockstep(reference, compared)
+    lockstep = _Lockstep(reference, compared, timings)
     everyone = [reference, *compared]
     host = torch.device("cpu" if saved_on == "host" else device)
 
