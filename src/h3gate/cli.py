@@ -101,6 +101,23 @@ def _checkpoint_make(args) -> int:
     return 0
 
 
+def _contracts(args) -> int:
+    from h3gate import contract_defaults, status
+    from h3gate.bounds import BoundsError
+
+    try:
+        paths = contract_defaults.write(args.model, args.thresholds, args.replace)
+    except (BoundsError, ValueError) as error:
+        return _refuse("contracts", 2, str(error))
+    for path in paths:
+        print(f"wrote and locked {path}" + (f" (replaced: {args.replace})" if args.replace else ""))
+    shown = None if args.thresholds == status.DEFAULT_THRESHOLDS else args.thresholds
+    print("next, freeze the bounds (cheap gates first):")
+    for command in contract_defaults.freeze_commands(args.model, args.device or status.default_device(), shown):
+        print(f"  {command}")
+    return 0
+
+
 # Evidence -----------------------------------------------------------------------------------------------
 
 # One exit code per kind of refusal, so CI can tell a tampered artifact from a failed gate without parsing text.
@@ -347,6 +364,23 @@ def build_parser() -> argparse.ArgumentParser:
                                  help="comma-separated components to write (default: all the pipeline declares)")
     checkpoint_make.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
     checkpoint_make.set_defaults(run=_checkpoint_make)
+
+    contracts = commands.add_parser(
+        "contracts",
+        help="write and lock the default contracts of a model (model contract at its own canvas, generation and "
+        "generation-preflight), then print the commands that freeze its bounds",
+        description="Writes thresholds/<model>/model-contract.json, generation-contract.json and "
+        "generation-preflight-contract.json (h3gate.contract_defaults says what they pin) and locks them; existing "
+        "contracts are kept unless --replace gives a reason.",
+    )
+    contracts.add_argument("--model", "--h3-model", dest="model", required=True,
+                           help="a checkpoint folder, a preset (tiny, small) or release")
+    contracts.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")
+    contracts.add_argument("--device", default=None, help="the --h3-device of the printed commands (default: cuda when "
+                           "visible)")
+    contracts.add_argument("--replace", metavar="REASON", default=None, help="overwrite existing contracts, for this "
+                           "reason (their frozen bounds no longer match)")
+    contracts.set_defaults(run=_contracts)
 
     bench = commands.add_parser(
         "bench",
