@@ -53,8 +53,15 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
     if model is None:
         model = {"name": session.model.name, "identity": session.model.identity, "source": session.model.source}
     candidate = next((c["candidate"] for c in contexts if "candidate" in c), None) or session.candidate.identity()
+    facts = environment.collect()
+    extra = [results_path]
     junit = session.config.getoption("xmlpath", None)
-    extra = [results_path] + ([Path(junit)] if junit and Path(junit).is_file() else [])
+    if junit and Path(junit).is_file():
+        if Path(session.out).resolve() in Path(junit).resolve().parents:
+            evidence.redact_xml(Path(junit), facts)
+            extra.append(Path(junit))
+        else:
+            session.summary.append(f"{junit} is not evidence: only files under --h3-out are (--junitxml=OUT/junit.xml)")
     key = session.sign_key
     path = evidence.write_evidence(
         session.out,
@@ -66,7 +73,7 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
         _files(results, session.thresholds, model["name"]),
         model,
         candidate,
-        environment.collect(),
+        facts,
         key,
     )
     if key is None:

@@ -39,7 +39,7 @@ def test_exit_codes_are_distinct_and_documented(capsys):
     help_text = capsys.readouterr().out
     for code in (0, 2, *EXIT_CODES.values()):
         if code != 10:  # merge only
-            assert f"\n  {code}  " in help_text
+            assert f"\n  {code} " in help_text
 
 
 def test_keygen_refuses_to_overwrite(tmp_path, keys, capsys):
@@ -51,16 +51,49 @@ def test_verify_passes_signed_evidence(signed, keys, capsys):
     run, path = signed
     code, out, err = verify(capsys, path, "--key", keys[1], "--thresholds", run.thresholds)
     assert code == 0, err
-    assert out.startswith("PASSED (profile release); signature: verified") and "6 artifacts match" in out
+    assert out.startswith(f"PASSED (profile release); candidate h3_triton; model tiny {'ab' * 8}; signature: verified")
+    assert "6 artifacts match" in out
 
 
-def test_verify_reports_unsigned_evidence_as_unsigned(tmp_path, keys, capsys):
+def test_verify_makes_a_trust_decision(tmp_path, keys, capsys):
+    """Without a trusted key nothing exits 0: no decision is a usage error, --allow-unsigned never passes."""
     run = make_run(tmp_path)
     path = run.write(tmp_path)
-    code, out, _ = verify(capsys, path)
-    assert code == 0 and "signature: unsigned" in out
+    code, out, err = verify(capsys, path)
+    assert code == 2 and "no trust decision: pass --key PUB or --keyring FILE" in err and out == ""
+    code, out, err = verify(capsys, path, "--allow-unsigned")
+    assert code == 11 and out == "" and err.count("\n") == 1
+    assert err.startswith("h3gate verify: untrusted: PASSED") and "signature: UNSIGNED" in err
     code, _, err = verify(capsys, path, "--key", keys[1])
     assert code == 4 and err.startswith("h3gate verify: unsigned:")
+
+
+def test_verify_with_a_keyring(tmp_path, keys, capsys):
+    run = make_run(tmp_path / "run")
+    path = run.write(run.root, key=signing.load_private_key(keys[0]))
+    assert main(["keygen", str(tmp_path / "other")]) == 0
+    other = tmp_path / "other" / signing.PUBLIC_KEY_NAME
+    keyring = tmp_path / "trusted.pem"
+    keyring.write_bytes(other.read_bytes() + keys[1].read_bytes())
+    capsys.readouterr()
+    code, out, err = verify(capsys, path, "--keyring", keyring)
+    assert code == 0 and "signature: verified" in out, err
+    code, _, err = verify(capsys, path, "--keyring", other)
+    assert code == 3 and "no signature by a trusted key" in err
+    code, _, err = verify(capsys, path, "--key", keyring)
+    assert code == 2 and "holds 2 public keys; pass a file of several as --keyring" in err
+
+
+def test_verify_binds_the_candidate_and_the_model(signed, keys, capsys):
+    run, path = signed
+    trust = ("--key", keys[1])
+    assert verify(capsys, path, *trust, "--expect-candidate", "h3_triton", "--expect-model", "ab" * 32)[0] == 0
+    code, _, err = verify(capsys, path, *trust, "--expect-candidate", "provider")
+    assert code == 12 and "qualifies candidate 'h3_triton', not 'provider'" in err
+    code, _, err = verify(capsys, path, *trust, "--expect-model", "cd" * 32)
+    assert code == 12 and f"qualifies model model:tiny {'ab' * 32}, not identity {'cd' * 32}" in err
+    code, _, err = verify(capsys, path, *trust, "--expect-model", "tiny")
+    assert code == 2 and "is not a model identity (64 hex digits" in err
 
 
 def tamper_statement(run, path):
@@ -102,30 +135,30 @@ def test_verify_names_what_was_tampered_with(signed, keys, capsys, tamper, code,
 
 def test_verify_exit_codes_of_the_verdict(tmp_path, capsys):
     failed = make_run(tmp_path / "failed", failing=(MODEL_TEST,))
-    code, _, err = verify(capsys, failed.write(failed.root))
+    code, _, err = verify(capsys, failed.write(failed.root), "--allow-unsigned")
     assert code == 8 and f"first {MODEL_TEST}" in err
     incomplete = make_run(tmp_path / "incomplete", outcome={MODEL_TEST: "skipped"})
-    code, _, err = verify(capsys, incomplete.write(incomplete.root))
+    code, _, err = verify(capsys, incomplete.write(incomplete.root), "--allow-unsigned")
     assert code == 7 and f"model: {MODEL_TEST} was skipped" in err
 
 
 def test_verify_profile_option_asks_for_more_than_recorded(tmp_path, capsys):
     run = make_run(tmp_path)
     path = run.write(tmp_path, nodeids=[MODEL_TEST], required=MODEL_ONLY)
-    assert verify(capsys, path)[0] == 0
-    code, _, err = verify(capsys, path, "--profile", "release")
+    assert verify(capsys, path, "--allow-unsigned")[0] == 11
+    code, _, err = verify(capsys, path, "--allow-unsigned", "--profile", "release")
     assert code == 7 and "incomplete for profile release: kernel" in err
 
 
 def test_verify_usage_errors(tmp_path, keys, capsys):
-    code, _, err = verify(capsys, tmp_path / "absent.json")
+    code, _, err = verify(capsys, tmp_path / "absent.json", "--allow-unsigned")
     assert code == 2 and "absent.json does not exist" in err
     run = make_run(tmp_path)
     path = run.write(tmp_path)
-    code, _, err = verify(capsys, path, "--profile", "nightly")
+    code, _, err = verify(capsys, path, "--allow-unsigned", "--profile", "nightly")
     assert code == 2 and "profiles: ci, release" in err
     code, _, err = verify(capsys, path, "--key", keys[0])  # the private key where the public one goes
-    assert code == 2 and "not a PEM public key" in err
+    assert code == 2 and "holds no PEM public key" in err
 
 
 def test_verify_artifacts_relative_to_root(tmp_path, capsys):
@@ -134,14 +167,15 @@ def test_verify_artifacts_relative_to_root(tmp_path, capsys):
     moved = tmp_path / "elsewhere" / "evidence.json"
     moved.parent.mkdir()
     path.rename(moved)
-    assert verify(capsys, moved)[0] == 5
-    assert verify(capsys, moved, "--root", run.root)[0] == 0
+    assert verify(capsys, moved, "--allow-unsigned")[0] == 5
+    assert verify(capsys, moved, "--allow-unsigned", "--root", run.root)[0] == 11
 
 
 def test_console_script_exit_status(tmp_path):
     run = make_run(tmp_path, failing=(MODEL_TEST,))
     path = run.write(tmp_path)
-    done = subprocess.run([sys.executable, "-m", "h3gate.cli", "verify", str(path)], capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-m", "h3gate.cli", "verify", str(path), "--allow-unsigned"],
+                          capture_output=True, text=True)
     assert done.returncode == 8, done.stderr
     assert done.stderr.startswith("h3gate verify: failed: 1 gate test(s) failed")
 
@@ -201,5 +235,6 @@ def test_a_statement_edit_is_caught_only_by_the_signature(signed, capsys):
     """The statement tamper above keeps a well-formed, consistent statement: exit 3 is detection, not luck."""
     run, path = signed
     tamper_statement(run, path)
-    code, out, _ = verify(capsys, path, "--thresholds", run.thresholds)
-    assert code == 0 and "signature: NOT CHECKED" in out
+    (run.root / "SHA256SUMS").unlink()  # which would name the edited envelope
+    code, out, err = verify(capsys, path, "--allow-unsigned", "--thresholds", run.thresholds)
+    assert code == 11 and "signature: NOT CHECKED" in err

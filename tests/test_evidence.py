@@ -97,13 +97,19 @@ class Run:
         ]
 
     def write(self, out: Path, nodeids=None, key=None, required=profiles.PROFILES["release"], **identity) -> Path:
+        """The evidence of ``nodeids`` in ``out``; a shard's folder gets a copy of its artifacts, as a shard's
+        --h3-out holds its own."""
         nodeids = list(self.outcomes) if nodeids is None else nodeids
+        artifacts = [self.artifacts[n] for n in nodeids if n in self.artifacts]
+        if Path(out).resolve() != self.root.resolve():
+            (Path(out) / "artifacts").mkdir(parents=True, exist_ok=True)
+            artifacts = [Path(shutil.copy(a, Path(out) / "artifacts" / a.name)) for a in artifacts]
         return evidence.write_evidence(
             out,
             {n: self.results[n] for n in nodeids if n in self.results},
             {n: self.outcomes[n] for n in nodeids if n in self.outcomes},
             required,
-            [self.artifacts[n] for n in nodeids if n in self.artifacts],
+            artifacts,
             self.thresholds,
             self.files,
             identity.get("model", MODEL),
@@ -145,7 +151,11 @@ def rewrite_payload(path: Path, edit) -> None:
 
 
 def without_timings(statement: dict) -> dict:
+    """The statement less what differs between runs of the same items: timings, the time written, and where
+    each artifact lies (its digest stays)."""
     statement = json.loads(json.dumps(statement))
+    statement["predicate"]["h3"].pop("created")
+    statement["subject"] = sorted(s["digest"]["sha256"] for s in statement["subject"])
     for test in statement["predicate"]["h3"]["tests"].values():
         if test["result"] is not None:
             test["result"].pop("timings")
@@ -244,7 +254,7 @@ def test_signed_round_trip(run, key):
     assert h3["signer"] == signature["keyid"]
     assert h3["tests"]["tests/gates/test_model.py::test_model"]["result"]["checks"][0]["margin"] == pytest.approx(0.016)
 
-    verified = evidence.verify(path, key.public_key(), run.thresholds)
+    verified = evidence.verify(path, [key.public_key()], run.thresholds)
     assert verified.result == "PASSED" and verified.signature.startswith("verified")
     assert verified.artifacts == len(ITEMS)
 
@@ -254,14 +264,14 @@ def test_one_changed_byte_in_the_statement_breaks_the_signature(run, key):
     rewrite_payload(path, lambda payload: payload.replace(b'"candidate":1.0', b'"candidate":2.0', 1))
     assert json.loads(base64.b64decode(json.loads(path.read_text())["payload"]))  # still a valid statement
     with pytest.raises(EvidenceError, match="does not verify") as error:
-        evidence.verify(path, key.public_key())
+        evidence.verify(path, [key.public_key()])
     assert error.value.kind == "signature"
 
 
 def test_signature_by_another_key_is_refused(run, key):
     path = run.write(run.root, key=key)
-    with pytest.raises(EvidenceError, match="no signature by key") as error:
-        evidence.verify(path, Ed25519PrivateKey.generate().public_key())
+    with pytest.raises(EvidenceError, match="no signature by a trusted key") as error:
+        evidence.verify(path, [Ed25519PrivateKey.generate().public_key()])
     assert error.value.kind == "signature"
 
 
@@ -274,11 +284,11 @@ def test_one_changed_byte_in_an_artifact_is_found(run, key):
     with pytest.raises(
         EvidenceError, match=f"artifact {artifact.relative_to(run.root).as_posix()} has sha256"
     ) as error:
-        evidence.verify(path, key.public_key())
+        evidence.verify(path, [key.public_key()])
     assert error.value.kind == "digest"
     artifact.unlink()
     with pytest.raises(EvidenceError, match="is missing"):
-        evidence.verify(path, key.public_key())
+        evidence.verify(path, [key.public_key()])
 
 
 def test_one_changed_byte_in_a_bounds_file_fails_the_lock(run, key):
@@ -286,12 +296,12 @@ def test_one_changed_byte_in_a_bounds_file_fails_the_lock(run, key):
     bounds = run.files[0]
     bounds.write_bytes(bounds.read_bytes().replace(b"e-", b"E-", 1))
     with pytest.raises(EvidenceError, match="does not match its digest") as error:
-        evidence.verify(path, key.public_key(), run.thresholds)
+        evidence.verify(path, [key.public_key()], run.thresholds)
     assert error.value.kind == "lock"
     # Re-locked by hand: the lock verifies, but no longer holds what the evidence was measured against.
     lock_files(run.thresholds, [bounds])
     with pytest.raises(EvidenceError, match="bounds tiny/cpu/model-bounds.json: sha256 .* in the evidence") as error:
-        evidence.verify(path, key.public_key(), run.thresholds)
+        evidence.verify(path, [key.public_key()], run.thresholds)
     assert error.value.kind == "lock"
 
 
@@ -300,9 +310,10 @@ def test_unsigned_evidence_is_reported_unsigned(run, key):
     envelope = json.loads(path.read_text())
     assert envelope["signatures"] == []
     assert statement_of(path)["predicate"]["h3"]["signer"] is None
-    assert evidence.verify(path).signature == "unsigned"
+    verified = evidence.verify(path)
+    assert verified.signature.startswith("UNSIGNED") and not verified.trusted
     with pytest.raises(EvidenceError, match="unsigned") as error:
-        evidence.verify(path, key.public_key())
+        evidence.verify(path, [key.public_key()])
     assert error.value.kind == "unsigned"
 
 
@@ -330,6 +341,7 @@ def test_an_edited_verdict_in_unsigned_evidence_is_malformed(tmp_path):
         return json.dumps(statement).encode()
 
     rewrite_payload(path, pass_it)
+    (tmp_path / "SHA256SUMS").unlink()  # it would name the edited envelope first; the verdict check stands alone
     with pytest.raises(EvidenceError, match="predicate.result does not follow") as error:
         evidence.verify(path)
     assert error.value.kind == "malformed"
@@ -353,8 +365,9 @@ def test_a_required_gate_without_a_verdict_gives_incomplete(tmp_path, state):
     run = make_run(tmp_path, outcome={nodeid: state})
     path = run.write(tmp_path)
     predicate = statement_of(path)["predicate"]
-    assert predicate["result"] == "INCOMPLETE"
-    assert nodeid not in predicate["passedTests"] + predicate["failedTests"]
+    assert (predicate["result"], predicate["h3"]["verdict"]) == ("FAILED", "INCOMPLETE")  # a gap never reads passed
+    assert nodeid not in predicate["passedTests"]
+    assert (nodeid in predicate["failedTests"]) == (state == "error")  # the predicate lists crashed items as failed
     problems = predicate["h3"]["completeness"]["problems"]
     assert len(problems) == 1 and nodeid in problems[0]
     with pytest.raises(EvidenceError, match="incomplete for profile release") as error:
@@ -364,7 +377,7 @@ def test_a_required_gate_without_a_verdict_gives_incomplete(tmp_path, state):
 
 def test_a_required_gate_that_never_ran_gives_incomplete(run):
     predicate = statement_of(run.write(run.root, nodeids=list(ITEMS)[:-1]))["predicate"]
-    assert predicate["result"] == "INCOMPLETE"
+    assert (predicate["result"], predicate["h3"]["verdict"]) == ("FAILED", "INCOMPLETE")
     assert predicate["h3"]["completeness"]["problems"] == [
         "generation[seed=44]: no test item of this gate ran (not collected or not recorded)"
     ]
@@ -383,7 +396,8 @@ def test_a_skipped_gate_the_profile_does_not_require_leaves_ci_passed(tmp_path):
 def test_a_crash_of_any_gate_item_is_incomplete_even_when_not_required(tmp_path):
     run = make_run(tmp_path, outcome={"tests/gates/test_kernel.py::test_kernel": "error"})
     predicate = statement_of(run.write(tmp_path, required=MODEL_ONLY))["predicate"]
-    assert predicate["result"] == "INCOMPLETE"
+    assert (predicate["result"], predicate["h3"]["verdict"]) == ("FAILED", "INCOMPLETE")
+    assert predicate["failedTests"] == ["tests/gates/test_kernel.py::test_kernel"]
 
 
 def test_a_failed_gate_gives_failed(tmp_path):
@@ -523,12 +537,12 @@ def test_merged_shards_equal_the_single_run(tmp_path, key):
     expected = statement_of(single.write(single.root, key=key))
     shards = [sharded.write(sharded.root / f"shard-{i}", nodeids=half, key=key) for i, half in enumerate(HALVES)]
     for shard in shards:
-        assert statement_of(shard)["predicate"]["result"] == "INCOMPLETE"  # each half alone lacks gates
+        assert statement_of(shard)["predicate"]["h3"]["verdict"] == "INCOMPLETE"  # each half alone lacks gates
     merged = evidence.merge(shards, sharded.root, key)
     statement = statement_of(merged)
     assert statement != expected  # the timings differ ...
     assert without_timings(statement) == without_timings(expected)  # ... and nothing else
-    assert evidence.verify(merged, key.public_key(), sharded.thresholds).result == "PASSED"
+    assert evidence.verify(merged, [key.public_key()], sharded.thresholds).result == "PASSED"
     assert (sharded.root / "redaction.json").read_text() == (single.root / "redaction.json").read_text()
 
 
@@ -537,10 +551,12 @@ def test_merge_rebases_artifact_names_onto_the_output_folder(tmp_path):
     for i, half in enumerate(HALVES):
         run = make_run(tmp_path / f"task-{i}")
         shards.append(run.write(run.root, nodeids=half))
-    merged = evidence.merge(shards, tmp_path / "merged")
+    merged = evidence.merge(shards, tmp_path)
     names = [s["name"] for s in statement_of(merged)["subject"]]
-    assert names and all(name.startswith(("../task-0/artifacts/", "../task-1/artifacts/")) for name in names)
-    assert evidence.verify(merged).signature == "unsigned"
+    assert names and all(name.startswith(("task-0/artifacts/", "task-1/artifacts/")) for name in names)
+    assert evidence.verify(merged).signature.startswith("UNSIGNED")
+    with pytest.raises(ValueError, match="outside the merge folder: merge into a folder that holds every shard"):
+        evidence.merge(shards, tmp_path / "merged")
 
 
 @pytest.mark.parametrize(

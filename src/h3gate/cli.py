@@ -19,9 +19,12 @@ def _variants(args) -> int:
 
 
 def _identity(args) -> int:
-    from h3gate.model import load_model
+    from h3gate.model import ModelError, load_model
 
-    model = load_model(args.model, args.seed)
+    try:
+        model = load_model(args.model, args.seed)
+    except ModelError as error:
+        return _refuse("identity", 2, str(error))
     print(f"{model.name} {model.identity} ({model.source})")
     return 0
 
@@ -130,18 +133,23 @@ EXIT_CODES = {
     "failed": 8,
     "malformed": 9,
     "conflict": 10,
+    "untrusted": 11,
+    "mismatch": 12,
 }
 VERIFY_CODES = """exit codes:
-  0  evidence holds: signature (when --key), artifacts, lock (when --thresholds), PASSED and complete
-  2  usage: bad arguments, unreadable key, missing file or folder
-  3  bad signature: no signature by --key, or it does not verify (statement changed after signing)
-  4  unsigned evidence although --key was given
-  5  an artifact is missing or its sha256 differs from the evidence
+  0  PASSED and complete, signed by a trusted key (--key or --keyring); artifacts, SHA256SUMS and
+     redaction.json match; lock matches (when --thresholds); candidate and model as expected
+  2  usage: bad arguments, no trust decision, unreadable key, missing file or folder
+  3  bad signature: no signature by a trusted key, or it does not verify (statement changed after signing)
+  4  unsigned evidence although a trusted key was given
+  5  an artifact is missing or its sha256 differs from the evidence; SHA256SUMS or redaction.json disagrees
   6  the thresholds lock does not verify, or a bounds/contract digest differs from the locked one
   7  incomplete: a required gate was skipped, deselected or crashed (or --profile asks for more)
   8  one or more gate tests failed
-  9  malformed evidence: not a DSSE envelope of an h3gate statement, or verdict fields that do not
-     follow from the recorded tests"""
+  9  malformed evidence: not a DSSE envelope of an h3gate statement, unsafe subject names, hostile JSON,
+     or verdict fields that do not follow from the recorded tests
+  11 --allow-unsigned: every other check holds, but no trusted signature vouches for the verdict
+  12 the evidence qualifies another candidate or model than --expect-candidate / --expect-model"""
 MERGE_CODES = """exit codes:
   0  merged
   2  usage: bad arguments, unreadable key, missing shard
@@ -152,17 +160,34 @@ MERGE_CODES = """exit codes:
      one artifact name with two digests (the message names the difference)"""
 
 
+def printable(text: str) -> str:
+    """``text`` on one line with every control or format character escaped: what evidence holds is printed,
+    and an escape sequence in it must not repaint the terminal."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in str(text))
+
+
 def _refuse(command: str, code: int, reason: str) -> int:
-    print(f"h3gate {command}: {reason}".replace("\n", " "), file=sys.stderr)
+    print(printable(f"h3gate {command}: {reason}"), file=sys.stderr)
     return code
+
+
+def _free_folder(path: Path) -> str | None:
+    """Why ``path`` cannot be an output folder (it is a file, or sits under one), or None."""
+    blocking = next((p for p in (path, *path.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        return f"{blocking} is a file, not a folder: give a folder"
+    return None
 
 
 def _keygen(args) -> int:
     from h3gate.signing import keygen, keyid, load_public_key
 
+    problem = _free_folder(Path(args.out_dir))
+    if problem:
+        return _refuse("keygen", 2, problem)
     try:
         private, public = keygen(Path(args.out_dir))
-    except FileExistsError as error:
+    except (FileExistsError, OSError) as error:
         return _refuse("keygen", 2, str(error))
     print(f"private key {private} (mode 0600: keep it secret, e.g. as the CI secret H3GATE_SIGN_KEY)")
     print(f"public key  {public} (keyid {keyid(load_public_key(public))})")
@@ -170,21 +195,38 @@ def _keygen(args) -> int:
 
 
 def _verify(args) -> int:
+    """A trust decision first: the keys that may vouch for a verdict, or --allow-unsigned, whose PASSED is never
+    exit 0."""
+    import re
+
     from h3gate import evidence, profiles, signing
 
+    if not (args.key or args.keyring or args.allow_unsigned):
+        return _refuse("verify", 2, "no trust decision: pass --key PUB or --keyring FILE (the public keys you trust "
+                       "to sign evidence), or --allow-unsigned to check everything but the signature")
     for path, what in ((args.evidence, "evidence"), (args.root, "--root"), (args.thresholds, "--thresholds")):
         if path is not None and not Path(path).exists():
             return _refuse("verify", 2, f"{what} {path} does not exist")
+    if args.expect_model is not None and not re.fullmatch(r"[0-9a-f]{64}", args.expect_model):
+        return _refuse("verify", 2, f"--expect-model={args.expect_model} is not a model identity (64 hex digits, as "
+                       "`h3gate identity --model M` prints it)")
     try:
-        key = signing.load_public_key(args.key) if args.key else None
+        trusted = [signing.load_public_key(path) for path in args.key or ()]
+        trusted += signing.load_public_keys(args.keyring) if args.keyring else []
         required = profiles.profile(args.profile) if args.profile else None
     except ValueError as error:
         return _refuse("verify", 2, str(error))
     try:
-        outcome = evidence.verify(Path(args.evidence), key, args.thresholds, args.root, required)
+        outcome = evidence.verify(
+            Path(args.evidence), trusted or None, args.thresholds, args.root, required, args.expect_candidate,
+            args.expect_model,
+        )
     except signing.EvidenceError as error:
         return _refuse("verify", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
-    print(outcome.line())
+    if not outcome.trusted:
+        return _refuse("verify", EXIT_CODES["untrusted"], f"untrusted: {outcome.line()} (--allow-unsigned: no "
+                       "trusted key vouches for this verdict)")
+    print(printable(outcome.line()))
     return 0
 
 
@@ -197,9 +239,27 @@ def _report(args) -> int:
         return _refuse("report", 2, f"evidence {evidence} does not exist")
     out = Path(args.out) if args.out else (evidence if evidence.is_dir() else evidence.parent) / "report.md"
     try:
-        print(write_report(evidence, out))
+        print(printable(write_report(evidence, out)))
     except EvidenceError as error:
         return _refuse("report", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
+    except (KeyError, TypeError, AttributeError) as error:  # a well-formed statement without a field shown
+        return _refuse("report", EXIT_CODES["malformed"], f"malformed: a test result lacks what the report shows "
+                       f"({type(error).__name__}: {error}); `h3gate verify` says whether the evidence holds")
+    return 0
+
+
+def _bundle(args) -> int:
+    from h3gate import evidence, signing
+
+    if not Path(args.evidence).exists():
+        return _refuse("bundle", 2, f"evidence {args.evidence} does not exist")
+    try:
+        written = evidence.bundle(Path(args.evidence), Path(args.out))
+    except signing.EvidenceError as error:
+        return _refuse("bundle", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
+    except OSError as error:
+        return _refuse("bundle", 2, str(error))
+    print(printable(f"bundled {len(written)} files into {args.out}: verify it as downloaded with h3gate verify {args.out} --key PUB"))
     return 0
 
 
@@ -209,6 +269,9 @@ def _merge(args) -> int:
     for shard in args.shards:
         if not Path(shard).exists():
             return _refuse("merge", 2, f"shard {shard} does not exist")
+    problem = _free_folder(Path(args.out))
+    if problem:
+        return _refuse("merge", 2, f"-o {args.out}: {problem}")
     try:
         key = signing.load_private_key(args.key)
     except ValueError as error:
@@ -217,6 +280,8 @@ def _merge(args) -> int:
         path = evidence.merge([Path(shard) for shard in args.shards], Path(args.out), key)
     except signing.EvidenceError as error:
         return _refuse("merge", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
+    except (ValueError, OSError) as error:  # a shard's artifact outside -o; a folder that cannot be written
+        return _refuse("merge", 2, str(error))
     signed = f"signed, keyid {signing.keyid(key.public_key())[:16]}" if key else "UNSIGNED"
     print(f"merged {len(args.shards)} shards into {path} ({signed})")
     return 0
@@ -438,7 +503,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     verify.add_argument("evidence", metavar="EVIDENCE", help="evidence.json (or the folder holding it)")
-    verify.add_argument("--key", metavar="PUB", help="public key PEM: the evidence must be signed by it (else exit 4)")
+    trust = verify.add_argument_group("trust (one is required)")
+    trust.add_argument("--key", metavar="PUB", action="append",
+                       help="a trusted public key PEM (repeatable): the evidence must be signed by one (else exit 3/4)")
+    trust.add_argument("--keyring", metavar="FILE", help="a file of trusted public key PEMs, concatenated")
+    trust.add_argument("--allow-unsigned", action="store_true",
+                       help="check everything but the signature; the outcome is then never exit 0 (PASSED exits 11)")
+    verify.add_argument("--expect-candidate", metavar="NAME",
+                        help="the candidate the evidence must qualify (e.g. h3_triton; else exit 12)")
+    verify.add_argument("--expect-model", metavar="IDENTITY",
+                        help="the model identity digest the evidence must qualify (`h3gate identity`; else exit 12)")
     verify.add_argument(
         "--thresholds",
         metavar="DIR",
@@ -459,6 +533,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="markdown to write; plots go to OUT-plots/ beside it (default: report.md beside the evidence)",
     )
     report.set_defaults(run=_report)
+
+    bundle = commands.add_parser(
+        "bundle",
+        help="copy evidence and everything its verification needs into a new folder: the upload a reviewer verifies",
+        description="Writes OUT/evidence.json, SHA256SUMS, redaction.json and every artifact the evidence names, and "
+        "nothing else; `h3gate verify OUT` then checks the folder as downloaded. Exit 2: usage (OUT exists); 5: a "
+        "file the evidence names is missing; 9: malformed evidence.",
+    )
+    bundle.add_argument("evidence", metavar="EVIDENCE", help="evidence.json (or the folder holding it)")
+    bundle.add_argument("-o", "--out", metavar="OUT", required=True, help="the folder to create")
+    bundle.set_defaults(run=_bundle)
 
     merge = commands.add_parser(
         "merge",

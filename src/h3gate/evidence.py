@@ -8,14 +8,23 @@ can check evidence with any DSSE verifier, not only with this tool. The envelope
 Layout of the statement (every list sorted and every test keyed by node id, so a merge of shards equals
 the unsharded run's statement, timings aside):
 
-- ``subject``: every artifact, named by its path relative to the evidence file's folder, with its sha256;
-- ``predicate.result``: ``PASSED``, ``FAILED`` or ``INCOMPLETE``, with the passed, warned and failed tests,
-  computed from the tests by :func:`h3gate.profiles.tally` (INCOMPLETE and warned are explained there);
+- ``subject``: every artifact, named by its path relative to the evidence file's folder (inside it: no ``..``,
+  no control characters), with its sha256;
+- ``predicate.result``: ``PASSED`` or ``FAILED`` as the test-result predicate knows them, with the passed, warned
+  and failed (crashed included) tests, computed from the tests by :func:`h3gate.profiles.tally`;
 - ``predicate.configuration``: resource descriptors of the bounds and contract files (named as in the
   thresholds lock), the model identity and the candidate identity;
-- ``predicate.h3``: every test's pytest outcome, gate, params and full GateResult JSON; the completeness
-  profile and its outcome; the environments the shards ran in; the signer's keyid (null: unsigned); the
-  JSON pointers of redacted fields.
+- ``predicate.h3``: the run's own verdict (PASSED, FAILED or INCOMPLETE) and the completeness profile and its
+  outcome; every test's pytest outcome, gate, params and full GateResult JSON; the environments the shards ran
+  in; the signer's keyid (null: unsigned); the JSON pointers of redacted fields; the h3gate version and source
+  digest that wrote it, and when (UTC).
+
+What is evidence: every file a verdict depends on is pinned by digest. Results, JUnit and gate outputs are
+subjects; bounds and contracts are configuration entries that must match the thresholds lock, and the lock
+pins the block captures beside them (whose digest their bounds also record). Step files and gate pass records
+are the run's working state: the outputs they lead to, and the verdicts they gate, are in the statement.
+``SHA256SUMS`` and ``redaction.json`` repeat what the envelope holds, for ``sha256sum -c`` and for readers of the
+redaction; verification refuses them where they disagree with it.
 
 Non-finite numbers are written as the strings ``"NaN"``, ``"Infinity"`` and ``"-Infinity"``, because the
 payload must be JSON that every verifier parses. Home folders, host and user names are redacted inside the
@@ -24,16 +33,22 @@ statement before signing; ``redaction.json`` lists the redacted fields, never th
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
 import re
+import unicodedata
 from dataclasses import dataclass
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from importlib.util import find_spec
 from pathlib import Path
 
 from h3gate.bounds import BoundsError, verify_lock
-from h3gate.files import FileFormatError, dumps, sha256_bytes, sha256_file, write_atomic
-from h3gate.profiles import FAILED, INCOMPLETE, OUTCOMES, Outcome, Profile, tally
+from h3gate.candidates import source_digest
+from h3gate.files import FileFormatError, dumps, loads_limited, sha256_bytes, sha256_file, write_atomic
+from h3gate.profiles import FAILED, INCOMPLETE, OUTCOMES, PASSED, Outcome, Profile, tally, verdict
 from h3gate.signing import (
     EVIDENCE_NAME,
     Envelope,
@@ -54,6 +69,9 @@ SUMS_NAME = "SHA256SUMS"
 REDACTION_NAME = "redaction.json"
 PLACEHOLDERS = {"home": "~", "host": "<host>", "user": "<user>"}
 ROLES = ("bounds", "contract")  # what a run is measured against: <gate>-bounds.json, <gate>-contract.json
+RESULTS = ("PASSED", "WARNED", "FAILED")  # the test-result predicate's values of ``result``
+VERDICTS = (PASSED, FAILED, INCOMPLETE)
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 # Redaction ------------------------------------------------------------------------------------------------
@@ -77,6 +95,10 @@ class Redactor:
         """(``value`` redacted, {JSON pointer under ``pointer``: kinds redacted there})."""
         fields: dict[str, list[str]] = {}
         return self._walk(value, pointer, None, fields), fields
+
+    def field(self, key: str | None, value: str) -> str:
+        """One string redacted as the value of a field named ``key`` (an XML attribute, or None for text)."""
+        return self._walk(value, "", key, {})
 
     def _walk(self, value, pointer: str, key: str | None, fields: dict):
         if isinstance(value, dict):
@@ -104,6 +126,25 @@ class Redactor:
         return value
 
 
+def redact_xml(path: Path, environment: dict) -> None:
+    """Redact a JUnit XML file in place, as the statement is redacted, before it is hashed as a subject: pytest
+    writes the host name and absolute paths into it, and it is uploaded beside the evidence."""
+    import xml.etree.ElementTree as ElementTree
+
+    redact = Redactor(environment)
+    tree = ElementTree.parse(path)
+    for element in tree.iter():
+        for name, value in element.attrib.items():
+            element.set(name, redact.field(name, value))
+        if element.text:
+            element.text = redact.field(None, element.text)
+        if element.tail:
+            element.tail = redact.field(None, element.tail)
+    buffer = io.BytesIO()
+    tree.write(buffer, encoding="utf-8", xml_declaration=True)
+    write_atomic(path, buffer.getvalue())
+
+
 def _escape(key: str) -> str:
     """A JSON pointer (RFC 6901) reference token."""
     return str(key).replace("~", "~0").replace("/", "~1")
@@ -123,15 +164,36 @@ def json_safe(value):
 # Building the statement -----------------------------------------------------------------------------------
 
 
+def name_problem(name) -> str | None:
+    """Why ``name`` cannot name a subject, or None. A name must stay inside the evidence folder (no absolute
+    path, no ``..``), so verifying never hashes a file elsewhere; and it must hold no control or format
+    character, so printing it cannot repaint a terminal."""
+    if not isinstance(name, str) or not name:
+        return "is not a non-empty string"
+    bad = next((c for c in name if unicodedata.category(c)[0] == "C"), None)
+    if bad is not None:
+        return f"holds the control character U+{ord(bad):04X}"
+    if name.startswith("/") or "\\" in name or re.match(r"[A-Za-z]:", name):
+        return "is not a relative POSIX path"
+    if any(part in ("", ".", "..") for part in name.split("/")):
+        return "has an empty, '.' or '..' component: it must name a file inside the evidence folder"
+    return None
+
+
 def subjects(artifacts: list[Path], root: Path) -> list[dict]:
-    """Every artifact with its sha256, named by its POSIX path relative to ``root`` (``..`` allowed)."""
+    """Every artifact with its sha256, named by its POSIX path relative to ``root``, inside it."""
     root = Path(root).resolve()
     named = {}
     for artifact in artifacts:
         path = Path(artifact).resolve()
         if not path.is_file():
             raise FileFormatError(path, "artifact to record in the evidence is missing or not a file")
-        named[Path(os.path.relpath(path, root)).as_posix()] = sha256_file(path)
+        name = Path(os.path.relpath(path, root)).as_posix()
+        problem = name_problem(name)
+        if problem:
+            raise FileFormatError(path, f"cannot be a subject of evidence written to {root}: its name {name!r} "
+                                  f"{problem}; write artifacts under the evidence folder")
+        named[name] = sha256_file(path)
     return [{"name": name, "digest": {"sha256": digest}} for name, digest in sorted(named.items())]
 
 
@@ -183,8 +245,33 @@ def environment_key(environment: dict) -> str:
     return sha256_bytes(canonical(environment))[:16]
 
 
+def tool() -> dict:
+    """The h3gate that writes the evidence: its version, and a digest of its source (engine and plugin), which
+    tells a reviewer whether the tool that judged was an edited one even where the version number is the same."""
+    try:
+        installed = version("pytest-h3")
+    except PackageNotFoundError:
+        installed = None
+    roots = [Path(__file__).parent]
+    plugin = find_spec("pytest_h3")
+    if plugin is not None and plugin.origin:
+        roots.append(Path(plugin.origin).parent)
+    return {"name": "h3gate", "version": installed, "source_sha256": source_digest(*roots)}
+
+
+def utc_now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
 def assemble(
-    subject: list[dict], config: list[dict], tests: dict, environments: dict, required: Profile, redacted: dict
+    subject: list[dict],
+    config: list[dict],
+    tests: dict,
+    environments: dict,
+    required: Profile,
+    redacted: dict,
+    writer: dict,
+    created: str,
 ) -> dict:
     """The canonical statement from its parts; the verdict fields are computed here and only here."""
     verdicts = tally(tests, required)
@@ -201,6 +288,9 @@ def assemble(
             "h3": {
                 "schema": SCHEMA,
                 "signer": None,
+                "tool": writer,
+                "created": created,
+                "verdict": verdicts["verdict"],
                 "profile": required.to_json(),
                 "completeness": verdicts["completeness"],
                 "tests": dict(sorted(tests.items())),
@@ -259,7 +349,9 @@ def build_statement(
         annotations, fields = redact(descriptor["annotations"], f"/predicate/configuration/{index}/annotations")
         config.append({**descriptor, "annotations": annotations})
         redacted.update(fields)
-    return assemble(subjects(artifacts, root), config, tests, {key: environment}, required, redacted)
+    return assemble(
+        subjects(artifacts, root), config, tests, {key: environment}, required, redacted, tool(), utc_now()
+    )
 
 
 # DSSE ------------------------------------------------------------------------------------------------------
@@ -276,9 +368,9 @@ def seal(statement: dict, key: PrivateKey | None) -> dict:
 def statement_of(envelope: Envelope) -> dict:
     """The statement an envelope carries, its fields checked and its recorded signer matching the envelope's."""
     try:
-        statement = json.loads(envelope.payload)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise EvidenceError("malformed", f"{envelope.path}: the payload is not JSON ({error})") from None
+        statement = loads_limited(envelope.payload, f"{envelope.path}: payload", "in-toto statement")
+    except FileFormatError as error:
+        raise EvidenceError("malformed", str(error)) from None
     check_statement(statement, envelope.path)
     signer = statement["predicate"]["h3"]["signer"]
     signed_by = envelope.signed_by()
@@ -307,14 +399,16 @@ def check_statement(statement, path: Path) -> None:
     for entry in subject:
         need(
             isinstance(entry, dict)
-            and isinstance(entry.get("name"), str)
-            and not Path(entry["name"]).is_absolute()
             and isinstance(entry.get("digest"), dict)
-            and re.fullmatch(r"[0-9a-f]{64}", str(entry["digest"].get("sha256"))) is not None,
-            f"subject entry {entry!r} lacks a relative name or a sha256 digest",
+            and SHA256.fullmatch(str(entry["digest"].get("sha256"))) is not None,
+            f"subject entry {entry!r} lacks a name or a sha256 digest",
         )
+        problem = name_problem(entry.get("name"))
+        need(problem is None, f"subject name {entry.get('name')!r} {problem}")
+    need(len({entry["name"] for entry in subject}) == len(subject), "a subject name is listed twice")
     predicate = statement.get("predicate")
     need(isinstance(predicate, dict), "predicate is not an object")
+    need(predicate.get("result") in RESULTS, f"predicate.result is not one of {', '.join(RESULTS)}")
     for key in ("passedTests", "warnedTests", "failedTests", "configuration"):
         need(isinstance(predicate.get(key), list), f"predicate.{key} is not a list")
     for entry in predicate["configuration"]:
@@ -326,6 +420,9 @@ def check_statement(statement, path: Path) -> None:
             and "role" in entry["annotations"],
             f"configuration entry {entry!r} lacks name, digest or role",
         )
+    for role in ("model", "candidate"):
+        count = sum(entry["annotations"]["role"] == role for entry in predicate["configuration"])
+        need(count == 1, f"predicate.configuration names {count} entries of role {role}, not one")
     h3 = predicate.get("h3")
     need(isinstance(h3, dict) and h3.get("schema") == SCHEMA, f"predicate.h3 is missing or not schema {SCHEMA}")
     for key, kind in (
@@ -337,6 +434,16 @@ def check_statement(statement, path: Path) -> None:
     ):
         need(isinstance(h3.get(key), kind), f"predicate.h3.{key} is not a {kind.__name__}")
     need("signer" in h3 and (h3["signer"] is None or isinstance(h3["signer"], str)), "predicate.h3.signer is missing")
+    need(h3.get("verdict") in VERDICTS, f"predicate.h3.verdict is not one of {', '.join(VERDICTS)}")
+    writer = h3.get("tool")
+    need(
+        isinstance(writer, dict) and isinstance(writer.get("source_sha256"), str) and "version" in writer,
+        "predicate.h3.tool lacks the h3gate version and source digest",
+    )
+    need(
+        isinstance(h3.get("created"), str) and re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", h3["created"]),
+        "predicate.h3.created is not a UTC timestamp (YYYY-MM-DDTHH:MM:SSZ)",
+    )
     for nodeid, test in h3["tests"].items():
         need(
             isinstance(test, dict)
@@ -353,23 +460,23 @@ def check_statement(statement, path: Path) -> None:
             )
     try:
         Profile.from_json(h3["profile"])
-    except (KeyError, TypeError) as error:
+    except ValueError as error:
         raise EvidenceError("malformed", f"{path}: predicate.h3.profile is not a profile ({error})") from None
 
 
 # Writing -------------------------------------------------------------------------------------------------
 
 
+def redaction_record(statement: dict) -> dict:
+    """redaction.json: which fields were redacted and by what placeholders, never their values."""
+    return {"schema": REDACTION_SCHEMA, "placeholders": PLACEHOLDERS, "fields": statement["predicate"]["h3"]["redacted"]}
+
+
 def write_sealed(out_dir: Path, statement: dict, sign_key: PrivateKey | None) -> Path:
     """evidence.json (the envelope), redaction.json and SHA256SUMS (of the subjects and those two) in ``out_dir``."""
     out_dir = Path(out_dir)
     evidence = out_dir / EVIDENCE_NAME
-    redaction = {
-        "schema": REDACTION_SCHEMA,
-        "placeholders": PLACEHOLDERS,
-        "fields": statement["predicate"]["h3"]["redacted"],
-    }
-    write_atomic(out_dir / REDACTION_NAME, dumps(redaction))
+    write_atomic(out_dir / REDACTION_NAME, dumps(redaction_record(statement)))
     write_atomic(evidence, dumps(seal(statement, sign_key)))
     sums = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
     for name in (EVIDENCE_NAME, REDACTION_NAME):
@@ -404,41 +511,104 @@ def write_evidence(
 
 @dataclass
 class Verification:
+    """What held up. ``trusted``: the signature verified by a trusted key; without that, no verdict is one a
+    reviewer may rely on, whatever ``result`` says."""
+
     statement: dict
     result: str
     profile: str
     signature: str
+    trusted: bool
     artifacts: int
     lock: str
 
-    def line(self) -> str:
-        return (
-            f"{self.result} (profile {self.profile}); signature: {self.signature}; "
-            f"{self.artifacts} artifacts match; lock: {self.lock}"
+    def identity(self) -> tuple[str, str]:
+        """(candidate name, model name and identity) as the statement's configuration records them."""
+        roles = {entry["annotations"]["role"]: entry for entry in self.statement["predicate"]["configuration"]}
+        model = roles["model"]
+        return roles["candidate"]["name"].removeprefix("candidate:"), (
+            f"{model['name'].removeprefix('model:')} {model['digest'].get('sha256', '')[:16]}"
         )
+
+    def line(self) -> str:
+        candidate, model = self.identity()
+        return (
+            f"{self.result} (profile {self.profile}); candidate {candidate}; model {model}; signature: "
+            f"{self.signature}; {self.artifacts} artifacts match; lock: {self.lock}"
+        )
+
+
+def check_identity(statement: dict, candidate: str | None, model: str | None) -> None:
+    """The evidence qualifies the candidate and model the reviewer asked about, or a ``mismatch``."""
+    roles = {entry["annotations"]["role"]: entry for entry in statement["predicate"]["configuration"]}
+    found = roles["candidate"]["name"].removeprefix("candidate:")
+    if candidate is not None and found != candidate:
+        raise EvidenceError("mismatch", f"the evidence qualifies candidate {found!r}, not {candidate!r}")
+    identity = roles["model"]["digest"].get("sha256")
+    if model is not None and identity != model:
+        raise EvidenceError(
+            "mismatch", f"the evidence qualifies model {roles['model']['name']} {identity}, not identity {model}"
+        )
+
+
+def check_sidecars(statement: dict, folder: Path, envelope: Path) -> None:
+    """``SHA256SUMS`` and ``redaction.json`` beside the envelope, where present, agree with it: sha256sum -c and
+    verify never disagree, and the redaction a reader sees is the one that was signed."""
+    redaction = folder / REDACTION_NAME
+    if redaction.is_file():
+        try:
+            found = loads_limited(redaction.read_bytes(), redaction, "redaction record")
+        except FileFormatError as error:
+            raise EvidenceError("digest", str(error)) from None
+        if found != redaction_record(statement):
+            raise EvidenceError("digest", f"{redaction} differs from the redacted fields the statement records")
+    sums = folder / SUMS_NAME
+    if not sums.is_file():
+        return
+    expected = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
+    expected[EVIDENCE_NAME] = sha256_file(envelope)
+    if redaction.is_file():
+        expected[REDACTION_NAME] = sha256_file(redaction)
+    listed = {}
+    for number, line in enumerate(sums.read_bytes().decode("utf-8", "replace").splitlines(), start=1):
+        match = re.fullmatch(r"([0-9a-f]{64})  (.+)", line)
+        if match is None or name_problem(match.group(2)):
+            raise EvidenceError("digest", f"{sums} line {number} is not '<sha256>  <name inside the folder>'")
+        listed[match.group(2)] = match.group(1)
+    if set(listed) != set(expected):
+        extra = sorted(set(listed) ^ set(expected))
+        raise EvidenceError("digest", f"{sums} lists other files than the evidence (first difference {extra[0]!r})")
+    for name, digest in sorted(listed.items()):
+        if expected[name] != digest:
+            raise EvidenceError("digest", f"{sums}: {name} has sha256 {digest[:16]} there, {expected[name][:16]} in the evidence")
 
 
 def verify(
     evidence: Path,
-    public_key: PublicKey | None = None,
+    trusted: list[PublicKey] | None = None,
     thresholds: Path | None = None,
     root: Path | None = None,
     required: Profile | None = None,
+    candidate: str | None = None,
+    model: str | None = None,
 ) -> Verification:
-    """Check signature, artifact digests, the thresholds lock and the verdict, in that order; the first
-    failure raises an :class:`EvidenceError`. The verdict is recomputed from the tests (against ``required``
-    when given, else the statement's own profile) and must equal the recorded one. Unsigned evidence passes
-    only without ``public_key`` and is reported as unsigned."""
+    """Check signature, identity, artifact digests, the thresholds lock and the verdict, in that order; the first
+    failure raises an :class:`EvidenceError`. ``trusted``: the public keys whose signature makes the verdict
+    trusted (one must have signed); None checks everything else and returns an untrusted verification. The
+    verdict is recomputed from the tests (against ``required`` when given, else the statement's own profile)
+    and must equal the recorded one; ``candidate`` and ``model`` (an identity digest) are what the evidence
+    must qualify."""
     envelope = open_envelope(evidence)
-    signer = envelope.check_signature(public_key) if public_key is not None else None
+    signer = envelope.check_signature(trusted) if trusted else None
     statement = statement_of(envelope)
     h3 = statement["predicate"]["h3"]
     if signer is not None:
         signature = f"verified (keyid {signer[:16]})"
     elif h3["signer"] is None:
-        signature = "unsigned"
+        signature = "UNSIGNED (nobody vouches for it)"
     else:
-        signature = f"NOT CHECKED (signed by keyid {h3['signer'][:16]}; pass --key to check it)"
+        signature = f"NOT CHECKED (signed by keyid {h3['signer'][:16]}; pass --key or --keyring to check it)"
+    check_identity(statement, candidate, model)
 
     root = Path(root) if root is not None else envelope.path.parent
     for subject in statement["subject"]:
@@ -451,6 +621,7 @@ def verify(
                 "digest",
                 f"artifact {subject['name']} has sha256 {found[:16]} on disk but {recorded[:16]} in the evidence",
             )
+    check_sidecars(statement, envelope.path.parent, envelope.path)
 
     lock = "not checked (pass --thresholds)"
     if thresholds is not None:
@@ -466,7 +637,7 @@ def verify(
                 raise EvidenceError(
                     "lock",
                     f"{entry['annotations']['role']} {entry['name']}: "
-                    f"sha256 {entry['digest'].get('sha256', '')[:16]} in the "
+                    f"sha256 {str(entry['digest'].get('sha256', ''))[:16]} in the "
                     f"evidence, {held} in {Path(thresholds) / 'LOCK.json'}",
                 )
         lock = f"matches {Path(thresholds) / 'LOCK.json'}"
@@ -476,20 +647,48 @@ def verify(
     for key in ("result", "passedTests", "warnedTests", "failedTests"):
         if statement["predicate"][key] != recomputed[key]:
             raise EvidenceError("malformed", f"predicate.{key} does not follow from the recorded tests (edited?)")
-    if h3["completeness"] != recomputed["completeness"]:
-        raise EvidenceError("malformed", "predicate.h3.completeness does not follow from the recorded tests (edited?)")
+    for key in ("verdict", "completeness"):
+        if h3[key] != recomputed[key]:
+            raise EvidenceError("malformed", f"predicate.h3.{key} does not follow from the recorded tests (edited?)")
     if required is not None:
         recomputed = tally(h3["tests"], required)
     required = required or recorded_profile
-    if recomputed["result"] == FAILED:
-        failed = recomputed["failedTests"]
+    if recomputed["verdict"] == FAILED:
+        failed = [n for n in recomputed["failedTests"] if verdict(h3["tests"][n]) == "failed"]
         more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
         raise EvidenceError("failed", f"{len(failed)} gate test(s) failed, first {failed[0]}{more}")
-    if recomputed["result"] == INCOMPLETE:
+    if recomputed["verdict"] == INCOMPLETE:
         problems = recomputed["completeness"]["problems"]
         more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
         raise EvidenceError("incomplete", f"incomplete for profile {required.name}: {problems[0]}{more}")
-    return Verification(statement, recomputed["result"], required.name, signature, len(statement["subject"]), lock)
+    return Verification(
+        statement, recomputed["verdict"], required.name, signature, signer is not None, len(statement["subject"]), lock
+    )
+
+
+def bundle(evidence: Path, out_dir: Path) -> list[Path]:
+    """Copy what verification needs (the envelope, SHA256SUMS, redaction.json and every subject, under the names
+    the statement gives them) into the new folder ``out_dir``: the folder a reviewer downloads verifies as it is,
+    and holds nothing else. Returns the files written."""
+    import shutil
+
+    envelope = open_envelope(evidence)
+    statement = statement_of(envelope)
+    out_dir, folder = Path(out_dir), envelope.path.parent
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} exists: a bundle is written to a new folder, so it holds nothing else")
+    copies = {EVIDENCE_NAME: envelope.path}
+    copies.update({name: folder / name for name in (SUMS_NAME, REDACTION_NAME)})
+    copies.update({s["name"]: folder / s["name"] for s in statement["subject"]})
+    missing = sorted(name for name, source in copies.items() if not source.is_file())
+    if missing:
+        raise EvidenceError("digest", f"{missing[0]} is missing from {folder} (+{len(missing) - 1} more): nothing to bundle")
+    written = []
+    for name, source in sorted(copies.items()):
+        target = out_dir / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        written.append(Path(shutil.copyfile(source, target)))
+    return written
 
 
 # Merging -------------------------------------------------------------------------------------------------
@@ -498,7 +697,8 @@ def verify(
 def merge(shards: list[Path], out_dir: Path, sign_key: PrivateKey | None = None) -> Path:
     """Join the evidence of shards into one statement in ``out_dir``, equal to the unsharded run's (timings
     aside). Shards must share model, candidate, bounds, contracts and profile, and run disjoint tests; the
-    difference is named otherwise. Subject names are rebased onto ``out_dir``. With ``sign_key`` every shard
+    difference is named otherwise. Subject names are rebased onto ``out_dir``, which must hold every shard's
+    artifacts (e.g. the shards' common parent folder). With ``sign_key`` every shard
     must carry a valid signature by that same key (re-signing must not vouch for what nobody signed), and the
     result is signed; without it the result is unsigned."""
     if not shards:
@@ -512,15 +712,21 @@ def merge(shards: list[Path], out_dir: Path, sign_key: PrivateKey | None = None)
     for shard in shards:
         envelope = open_envelope(shard)
         if sign_key is not None:
-            envelope.check_signature(sign_key.public_key())
+            envelope.check_signature([sign_key.public_key()])
         statement = statement_of(envelope)
         predicate, h3 = statement["predicate"], statement["predicate"]["h3"]
         if first is None:
-            first = (envelope.path, predicate["configuration"], h3["profile"])
+            first = (envelope.path, predicate["configuration"], h3["profile"], h3["tool"])
         else:
-            first = (first[0], _joined_configuration(first, envelope.path, predicate["configuration"], h3["profile"]), first[2])
+            joined = _joined_configuration(first, envelope.path, predicate["configuration"], h3["profile"], h3["tool"])
+            first = (first[0], joined, *first[2:])
         for entry in statement["subject"]:
             name = Path(os.path.relpath((envelope.path.parent / entry["name"]).resolve(), out_dir)).as_posix()
+            if name_problem(name):
+                raise FileFormatError(
+                    out_dir, f"artifact {entry['name']} of {envelope.path} lies outside the merge folder: merge into "
+                    "a folder that holds every shard (their common parent)"
+                )
             digest = entry["digest"]["sha256"]
             if name in subject and subject[name][0] != digest:
                 raise EvidenceError(
@@ -547,20 +753,31 @@ def merge(shards: list[Path], out_dir: Path, sign_key: PrivateKey | None = None)
         environments,
         Profile.from_json(first[2]),
         redacted,
+        first[3],
+        utc_now(),
     )
     return write_sealed(out_dir, merged, sign_key)
 
 
-def _joined_configuration(first: tuple, path: Path, config: list[dict], profile_json: dict) -> list[dict]:
+def _joined_configuration(first: tuple, path: Path, config: list[dict], profile_json: dict, writer: dict) -> list[dict]:
     """The union of two shards' configurations; a shard measured against anything else than the others (another
-    profile, or the same file with another digest) is refused with the first difference named. A bounds file
-    only one shard used (its gate items ran there) is no difference."""
-    first_path, first_config, first_profile = first
+    profile, model or candidate, the same file with another digest) or judged by another h3gate is refused with
+    the first difference named. A bounds file only one shard used (its gate items ran there) is no difference."""
+    first_path, first_config, first_profile, first_tool = first
     if profile_json != first_profile:
         raise EvidenceError(
             "conflict", f"profile {profile_json['name']} in {path}, {first_profile['name']} in {first_path}"
         )
+    if writer != first_tool:
+        raise EvidenceError(
+            "conflict", f"h3gate {writer.get('version')} (source {str(writer.get('source_sha256'))[:16]}) wrote {path}, "
+            f"{first_tool.get('version')} (source {str(first_tool.get('source_sha256'))[:16]}) wrote {first_path}"
+        )
     theirs, ours = {d["name"]: d for d in first_config}, {d["name"]: d for d in config}
+    for role in ("model", "candidate"):
+        mine, other = (next(n for n, d in side.items() if d["annotations"]["role"] == role) for side in (ours, theirs))
+        if mine != other:
+            raise EvidenceError("conflict", f"{role} {mine} in {path}, {other} in {first_path}")
     for name in sorted(set(theirs) & set(ours)):
         if theirs[name] != ours[name]:
             role = ours[name]["annotations"]["role"]

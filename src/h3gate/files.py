@@ -101,6 +101,34 @@ def write_json(path: str | os.PathLike, value) -> None:
     write_atomic(path, dumps(value))
 
 
+MAX_JSON_DEPTH = 64  # the tool's own files nest about 10 deep; more is hostile or broken
+
+
+def _depth(value) -> int:
+    """Nesting depth of parsed JSON, counted without recursion (a hostile file must not overflow the stack)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            deepest = max(deepest, depth)
+            stack.extend((child, depth + 1) for child in (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
+def loads_limited(text: str | bytes, where, what: str):
+    """JSON from untrusted bytes: malformed JSON, integers past Python's digit limit and nesting deeper than
+    :data:`MAX_JSON_DEPTH` are one :class:`FileFormatError` naming ``where``, never a traceback."""
+    try:
+        value = json.loads(text)
+    except RecursionError:
+        raise FileFormatError(where, f"nested too deeply to be a {what}") from None
+    except (ValueError, UnicodeDecodeError) as error:  # JSONDecodeError, and the int digit limit
+        raise FileFormatError(where, f"not valid JSON ({str(error).splitlines()[0]}); expected a {what}") from None
+    if _depth(value) > MAX_JSON_DEPTH:
+        raise FileFormatError(where, f"nested deeper than {MAX_JSON_DEPTH} levels: not a {what}")
+    return value
+
+
 def read_json(path: str | os.PathLike, what: str) -> dict:
     """A JSON object from ``path``; anything else is a :class:`FileFormatError` saying it is not a ``what``."""
     path = Path(path)
@@ -110,10 +138,7 @@ def read_json(path: str | os.PathLike, what: str) -> dict:
         raise FileFormatError(path, f"missing ({what} expected)") from None
     except (OSError, UnicodeDecodeError) as error:
         raise FileFormatError(path, f"unreadable {what}: {error}") from error
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise FileFormatError(path, f"not valid JSON ({error}); expected a {what}") from error
+    value = loads_limited(text, path, what)
     if not isinstance(value, dict):
         raise FileFormatError(path, f"expected a JSON object ({what}), found {type(value).__name__}")
     return value

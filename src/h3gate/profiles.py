@@ -4,10 +4,11 @@ Kept apart from signing and statement building so the plugin's ledger and report
 profiles without loading a cryptography library. The verdict of a run is computed here and only here, from
 its tests: :mod:`h3gate.evidence` records it, and verification recomputes it with the same functions.
 
-``PASSED``, ``FAILED`` and ``INCOMPLETE`` are the statement's ``predicate.result``. The test-result predicate
-knows PASSED, WARNED and FAILED; INCOMPLETE is this tool's own value for a run that lacks a verdict on a gate
-its completeness profile requires (skipped, deselected, crashed). Such a run must never read as PASSED, and
-WARNED would say it passed with remarks. Passes with non-discriminating bounds are listed as warned and still
+A run's verdict is ``PASSED``, ``FAILED`` or ``INCOMPLETE``: INCOMPLETE is a run that lacks a verdict on a gate
+its completeness profile requires (skipped, deselected, crashed). The in-toto test-result predicate knows only
+PASSED, WARNED and FAILED, so its ``result`` reads FAILED for an incomplete run (a gap must never read as a pass,
+and WARNED would say it passed with remarks), and crashed items are among its ``failedTests``; the verdict itself
+lives in the tool's own predicate fields. Passes with non-discriminating bounds are listed as warned and still
 give PASSED.
 """
 
@@ -47,7 +48,17 @@ class Profile:
 
     @classmethod
     def from_json(cls, data: dict) -> "Profile":
-        return cls(data["name"], tuple(Requirement(r["gate"], r["params"]) for r in data["required"]))
+        """A recorded profile; one not of the shape :meth:`to_json` writes is a ValueError (evidence is read
+        from files anyone can edit)."""
+        required = data.get("required") if isinstance(data, dict) else None
+        if not (
+            isinstance(data.get("name") if isinstance(data, dict) else None, str)
+            and isinstance(required, list)
+            and all(isinstance(r, dict) and isinstance(r.get("gate"), str) and isinstance(r.get("params"), dict)
+                    for r in required)
+        ):
+            raise ValueError("not a profile: {name, required: [{gate, params}, ...]} expected")
+        return cls(data["name"], tuple(Requirement(r["gate"], r["params"]) for r in required))
 
 
 # ``ci`` is what the tiny gate suite under tests/gates runs; it grows with that suite (a test checks they agree).
@@ -123,19 +134,23 @@ def completeness(tests: dict[str, dict], required: Profile) -> dict:
 
 
 def tally(tests: dict[str, dict], required: Profile) -> dict:
-    """The predicate's verdict fields, computed from the tests (never taken from anywhere else). A failed test
+    """The verdict fields, computed from the tests (never taken from anywhere else): ``result`` and the test
+    lists as the test-result predicate has them, ``verdict`` and ``completeness`` as this tool's. A failed test
     outranks a missing verdict: FAILED is a finding about the candidate, INCOMPLETE only a gap in the run."""
     lists = {"passed": [], "warned": [], "failed": []}
+    found_failed = False
     for nodeid in sorted(tests):
         found = verdict(tests[nodeid])
-        if found in lists:
-            lists[found].append(nodeid)
+        found_failed |= found == "failed"
+        if found in lists or found == "crashed":
+            lists["failed" if found == "crashed" else found].append(nodeid)
     outcome = completeness(tests, required)
-    result = FAILED if lists["failed"] else PASSED if outcome["complete"] else INCOMPLETE
+    own = FAILED if found_failed else PASSED if outcome["complete"] else INCOMPLETE
     return {
-        "result": result,
+        "result": PASSED if own == PASSED else FAILED,
         "passedTests": lists["passed"],
         "warnedTests": lists["warned"],
         "failedTests": lists["failed"],
+        "verdict": own,
         "completeness": outcome,
     }

@@ -142,7 +142,7 @@ def plot_frames(title: str, curves: dict[str, dict[str, list[float]]], path: Pat
 def header(statement: dict, signatures: list[dict]) -> list[str]:
     predicate = statement["predicate"]
     h3 = predicate["h3"]
-    lines = [f"# H3 qualification: {predicate['result']}", ""]
+    lines = [f"# H3 qualification: {h3['verdict']}", ""]
     if h3["signer"] is None:
         lines.append("**UNSIGNED evidence**: nobody vouches for these numbers; a release needs signed evidence.")
     else:

@@ -15,6 +15,7 @@ import base64
 import binascii
 import json
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,7 +38,7 @@ PublicKey = Ed25519PublicKey
 
 class EvidenceError(Exception):
     """Evidence that does not hold up. ``kind`` says which check refused it (the CLI maps it to an exit code):
-    malformed, signature, unsigned, digest, lock, incomplete, failed, conflict."""
+    malformed, signature, unsigned, mismatch, digest, lock, incomplete, failed, conflict."""
 
     def __init__(self, kind: str, reason: str):
         self.kind = kind
@@ -94,23 +95,26 @@ class Envelope:
     def signed_by(self) -> list[str]:
         return sorted(s["keyid"] for s in self.signatures)
 
-    def check_signature(self, public_key: PublicKey) -> str:
-        """The keyid whose signature verifies, or an EvidenceError (unsigned / signature)."""
-        wanted = keyid(public_key)
+    def check_signature(self, trusted: list[PublicKey]) -> str:
+        """The keyid of a trusted key whose signature verifies, or an EvidenceError (unsigned / signature)."""
+        wanted = {keyid(key): key for key in trusted}
         if not self.signatures:
-            raise EvidenceError("unsigned", f"{self.path} is unsigned, but a key was given: the run was not signed")
-        matching = [s for s in self.signatures if s["keyid"] == wanted]
+            raise EvidenceError("unsigned", f"{self.path} is unsigned, but a trusted key was given: the run was not signed")
+        matching = [s for s in self.signatures if s["keyid"] in wanted]
         if not matching:
             others = ", ".join(s["keyid"][:16] for s in self.signatures)
-            raise EvidenceError("signature", f"{self.path} has no signature by key {wanted[:16]} (signed by {others})")
+            names = ", ".join(k[:16] for k in sorted(wanted))
+            raise EvidenceError("signature", f"{self.path} has no signature by a trusted key ({names}); signed by {others}")
+        signature = matching[0]
         try:
-            public_key.verify(_b64decode(matching[0]["sig"], "signature"), pae(PAYLOAD_TYPE, self.payload))
+            wanted[signature["keyid"]].verify(_b64decode(signature["sig"], "signature"), pae(PAYLOAD_TYPE, self.payload))
         except InvalidSignature:
             raise EvidenceError(
                 "signature",
-                f"{self.path}: signature by key {wanted[:16]} does not verify: the statement was changed after signing",
+                f"{self.path}: signature by key {signature['keyid'][:16]} does not verify: "
+                "the statement was changed after signing",
             ) from None
-        return wanted
+        return signature["keyid"]
 
 
 def open_envelope(path: Path) -> Envelope:
@@ -191,16 +195,31 @@ def load_private_key(path: str | os.PathLike | None = None) -> PrivateKey | None
     return _private_from_pem(text.encode(), KEY_ENV)
 
 
-def load_public_key(path: str | os.PathLike) -> PublicKey:
+def load_public_keys(path: str | os.PathLike) -> list[PublicKey]:
+    """Every Ed25519 public key of a PEM file: one (``--key``), or several concatenated (a ``--keyring``)."""
     path = Path(path)
     try:
-        key = serialization.load_pem_public_key(path.read_bytes())
+        text = path.read_bytes()
     except OSError as error:
         raise SigningKeyError(f"{path}: cannot read the public key ({error})") from None
-    except (ValueError, UnsupportedAlgorithm) as error:
-        raise SigningKeyError(
-            f"{path}: not a PEM public key ({error}); `h3gate keygen` writes {PUBLIC_KEY_NAME}"
-        ) from None
-    if not isinstance(key, Ed25519PublicKey):
-        raise SigningKeyError(f"{path}: a {type(key).__name__}, but evidence is signed with Ed25519")
-    return key
+    blocks = re.findall(rb"-----BEGIN PUBLIC KEY-----.+?-----END PUBLIC KEY-----", text, re.DOTALL)
+    if not blocks:
+        raise SigningKeyError(f"{path}: holds no PEM public key; `h3gate keygen` writes {PUBLIC_KEY_NAME}")
+    keys = []
+    for block in blocks:
+        try:
+            key = serialization.load_pem_public_key(block)
+        except (ValueError, UnsupportedAlgorithm) as error:
+            raise SigningKeyError(f"{path}: not a PEM public key ({error}); `h3gate keygen` writes {PUBLIC_KEY_NAME}") from None
+        if not isinstance(key, Ed25519PublicKey):
+            raise SigningKeyError(f"{path}: a {type(key).__name__}, but evidence is signed with Ed25519")
+        keys.append(key)
+    return keys
+
+
+def load_public_key(path: str | os.PathLike) -> PublicKey:
+    """The one public key of a PEM file; a file of several is a keyring and is refused here, naming the option."""
+    keys = load_public_keys(path)
+    if len(keys) > 1:
+        raise SigningKeyError(f"{path}: holds {len(keys)} public keys; pass a file of several as --keyring")
+    return keys[0]
