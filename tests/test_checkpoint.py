@@ -176,3 +176,54 @@ def test_a_made_tiny_folder_passes_the_model_and_block_gates(folder, tmp_path):
         run = subprocess.run(command + extra, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "3 passed" in run.stdout
+
+
+def test_contracts_command_writes_and_locks_the_defaults_then_status_lists_only_bounds(folder, tmp_path, capsys):
+    thresholds = tmp_path / "thresholds"
+    assert main(["contracts", "--model", str(folder), f"--thresholds={thresholds}", "--device=cpu"]) == 0
+    out = capsys.readouterr().out
+    name = status.model_name(str(folder))
+    assert json.loads((thresholds / name / "model-contract.json").read_text()) == json.loads(
+        (THRESHOLDS / "tiny" / "model-contract.json").read_text()), "the tiny canvas: 32x32 over the 16x VAE"
+    assert f"pytest tests/gates/test_generation.py::test_generation_preflight --h3-freeze --h3-model={folder}" in out
+    report = status.status(thresholds, str(folder), "cpu")
+    assert {row.file.rsplit("-", 1)[-1] for row in report.rows if row.state != status.PRESENT} == {
+        "bounds.json", "capture.safetensors"}
+    assert main(["contracts", "--model", str(folder), f"--thresholds={thresholds}"]) == 2
+    assert "model-contract.json exists: contracts are not overwritten" in capsys.readouterr().err
+    assert main(["contracts", "--model", str(folder), f"--thresholds={thresholds}", "--replace=same defaults"]) == 0
+
+
+def test_the_release_contracts_are_the_defaults_at_the_release_canvas():
+    from h3gate import generation_contract
+    from h3gate.bounds import verify_lock
+    from h3gate.contract_defaults import defaults
+
+    for name, content in defaults("release").items():
+        assert json.loads((THRESHOLDS / "release" / name).read_text()) == content, name
+    full = generation_contract.load(THRESHOLDS / "release" / "generation-contract.json")
+    preflight = generation_contract.load(THRESHOLDS / "release" / "generation-preflight-contract.json")
+    assert (full.workflows, full.num_frames, full.height, full.width, full.num_inference_steps, full.seeds) == (
+        ("t2va", "fl2va"), 124, 768, 1344, 49, (42, 43, 44))
+    assert (preflight.height, preflight.width, preflight.num_inference_steps) == (768, 1344, 4)
+    model = json.loads((THRESHOLDS / "release" / "model-contract.json").read_text())
+    assert (model["latent_frames"], model["latent_height"], model["latent_width"]) == (37, 48, 84)
+    assert {"release/model-contract.json", "release/generation-contract.json"} <= set(verify_lock(THRESHOLDS))
+
+
+def test_a_made_tiny_folder_passes_the_generation_gate_on_both_workflows(folder, tmp_path):
+    """Default contracts, then the model gate and the preflight generation (t2va and fl2va, seed 42) frozen and
+    checked; the prompt and keyframe encodings are made once and reused."""
+    thresholds, out = tmp_path / "thresholds", tmp_path / "out"
+    assert main(["contracts", "--model", str(folder), f"--thresholds={thresholds}", "--device=cpu"]) == 0
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "gate",
+               "tests/gates/test_model.py", "tests/gates/test_generation.py::test_generation_preflight",
+               f"--h3-model={folder}", "--h3-device=cpu", f"--h3-thresholds={thresholds}", f"--h3-out={out}",
+               "--h3-candidate=provider"]
+    for extra in (["--h3-freeze", "--h3-variants=sdpa-math"], []):  # the CPU variant that changes the arithmetic
+        run = subprocess.run(command + extra, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "2 passed" in run.stdout
+    encodings = sorted(p.name for p in out.glob(f"generation/*/generation-preflight/encodings/*"))
+    assert [name.split("-")[0] for name in encodings] == ["fl2va", "fl2va", "t2va", "t2va"]
+    assert {name.rsplit(".", 1)[1] for name in encodings} == {"json", "safetensors"}
