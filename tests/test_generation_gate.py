@@ -316,3 +316,15 @@ def test_the_preflight_contract_qualifies_the_product_candidate(tiny, tmp_path):
         result = gate.check(tiny, candidate, contract, frozen, "cpu", 42, tmp_path / "out")
         assert result.passed, result.report()
     assert 0 < result.metrics["workflows"]["fl2va"]["values"]["audio_relative_l2"], "h3_triton differs from the provider"
+
+
+def test_a_damaged_cached_encoding_is_an_error_naming_what_to_delete(tiny, tmp_path):
+    contract = generation_contract.load(write_contract(tmp_path / "thresholds", source=PREFLIGHT))
+    first = gate.run_generation(tiny, contract, 42, "cpu", tmp_path / "out")
+    cached = Path(first.costs["encoding"]["file"])
+    assert first.costs["encoding"]["encoded"] and set(first.costs["decode"]) == {"video", "audio"}
+    again = gate.run_generation(tiny, contract, 42, "cpu", tmp_path / "out2")
+    assert again.first_call_inputs == first.first_call_inputs, "a fresh encoding starts the same generation"
+    cached.write_bytes(cached.read_bytes()[:-8] + b"\0" * 8)
+    with pytest.raises(gate.EncodingError, match=f"delete {cached.name} and {cached.stem}.json to encode again"):
+        gate.run_generation(tiny, contract, 42, "cpu", tmp_path / "out")
