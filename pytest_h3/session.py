@@ -15,7 +15,6 @@ import pytest
 
 from h3gate.files import write_json
 from h3gate import gates as registry
-from h3gate.presets import TRANSFORMER_CONFIGS
 from h3gate.verdict import Check, GateResult
 from pytest_h3 import distribution
 from pytest_h3.ledger import Ledger
@@ -121,10 +120,12 @@ class H3Session:
 
     def model_config(self) -> dict:
         """The transformer config without loading weights (collection-time checks)."""
-        spec = self.config.getoption("--h3-model")
-        if spec in TRANSFORMER_CONFIGS:
-            return TRANSFORMER_CONFIGS[spec]
-        return self.model.config
+        from h3gate.status import transformer_config
+
+        try:
+            return transformer_config(self.config.getoption("--h3-model"))
+        except ValueError as error:
+            raise pytest.UsageError(f"--h3-model: {error}") from None
 
     # Collection -----------------------------------------------------------------------------------------
 

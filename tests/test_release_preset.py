@@ -6,8 +6,9 @@ import pytest
 import torch
 from diffusers import MiniMaxH3Transformer3DModel
 
-from h3gate.model import ModelError, _materialised, keeps_fp32, load_model, release_layers
-from h3gate.presets import LAYERS_VARIABLE, PRESETS, RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS, release_name
+from h3gate import status
+from h3gate.model import ModelError, _materialised, keeps_fp32, load_model
+from h3gate.presets import LAYERS_VARIABLE, PRESETS, RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS, release_layers, release_name
 
 
 def test_release_config_is_diffusers_default():
@@ -31,10 +32,15 @@ def test_layers_come_from_the_argument_or_the_environment(monkeypatch):
     assert release_layers() == 50 and release_name(50) == "release"
     monkeypatch.setenv(LAYERS_VARIABLE, "4")
     assert release_layers() == 4 and release_layers(2) == 2 and release_name(4) == "release-layers4"
+    assert status.model_name(RELEASE) == "release-layers4" and status.num_layers(RELEASE) == 4
+    assert status.model_source(RELEASE, 3) == "preset:release:seed=3:layers=4"
+    assert status.transformer_config(RELEASE) == {**RELEASE_CONFIG, "num_layers": 4}
     for bad in ("0", "51", "four"):
         monkeypatch.setenv(LAYERS_VARIABLE, bad)
-        with pytest.raises(ModelError, match=LAYERS_VARIABLE):
+        with pytest.raises(ValueError, match=LAYERS_VARIABLE):
             release_layers()
+        with pytest.raises(ModelError, match=LAYERS_VARIABLE):
+            load_model(RELEASE)
 
 
 def test_materialised_model_is_seeded_per_parameter_at_checkpoint_precision():

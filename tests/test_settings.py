@@ -92,7 +92,8 @@ def test_good_settings_run_the_session(project, tmp_path):
 
 
 def test_importing_the_plugin_imports_neither_torch_nor_the_gates():
-    code = ("import sys, pytest_h3.plugin; heavy = [m for m in ('torch', 'diffusers', 'triton', 'h3gate.gates.model') "
+    code = ("import sys, pytest_h3.plugin; heavy = [m for m in ('torch', 'diffusers', 'triton', 'cryptography', "
+            "'hypothesis', 'h3gate.gates.model') "
             "if m in sys.modules]; assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "TRITON_INTERPRET": "1"})
 
@@ -102,7 +103,7 @@ def test_a_session_without_gates_never_imports_torch(pytester):
 import sys
 
 def pytest_sessionfinish(session):
-    heavy = [m for m in ("torch", "diffusers", "triton") if m in sys.modules]
+    heavy = [m for m in ("torch", "diffusers", "triton", "cryptography") if m in sys.modules]
     assert not heavy, heavy
 """)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")

@@ -31,7 +31,8 @@ def run_taps(
     internal=(),
     store: taps.TapStore | None = None,
 ) -> taps.TapStore:
-    """Forward+backward of the whole transformer at ``inputs``; every tap into ``store``."""
+    """Forward+backward of the whole transformer at ``inputs``; every tap into ``store``. Holding every tap, it is
+    the plain reference the streamed model gate (:mod:`h3gate.streaming`) is tested against, where a model fits."""
     if candidate is not None and mode.fp32_weights:
         raise ValueError("a candidate runs at checkpoint precision, not under the golden mode")
     transformer = model.golden_transformer() if mode.fp32_weights else model.transformer

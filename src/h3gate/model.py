@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from diffusers import MiniMaxH3Transformer3DModel
 
-from h3gate.presets import LAYERS_VARIABLE, PRESETS, RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS, release_name
+from h3gate.presets import PRESETS, RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS, release_layers, release_name
 from h3gate.seeded import normal
 
 
@@ -153,19 +153,6 @@ def _materialised(config: dict, seed: int, device: str) -> MiniMaxH3Transformer3
     return transformer.eval()
 
 
-def release_layers(layers: int | str | None = None) -> int:
-    """The number of leading release blocks to build: ``layers``, else ``$H3GATE_LAYERS``, else all 50."""
-    full = RELEASE_CONFIG["num_layers"]
-    value = layers if layers is not None else os.environ.get(LAYERS_VARIABLE) or full
-    try:
-        count = int(value)
-    except ValueError:
-        count = 0
-    if not 1 <= count <= full:
-        raise ModelError(f"the release model has 1 to {full} blocks; {LAYERS_VARIABLE}={value!r} is not one of them")
-    return count
-
-
 def build_release(seed: int = 0, layers: int | None = None, device: str = "cuda") -> Model:
     """The release-size transformer (``presets.RELEASE_CONFIG``, or its first ``layers`` blocks) with the embedded
     presets' init scheme, built directly on a CUDA device.
@@ -175,12 +162,15 @@ def build_release(seed: int = 0, layers: int | None = None, device: str = "cuda"
     config, seed, the init code, torch's version and the GPU (the CUDA generator's values depend on its
     multiprocessor count).
     """
+    try:
+        layers = release_layers(layers)
+    except ValueError as error:
+        raise ModelError(str(error)) from None
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
         where = f"{device!r} is not one" if torch.cuda.is_available() else "torch sees none on this machine"
         raise ModelError(
             f"the {RELEASE} model is built on a CUDA GPU with about 70 GiB free (61.7 GiB of bfloat16 weights); {where}"
         )
-    layers = release_layers(layers)
     transformer = _materialised({**RELEASE_CONFIG, "num_layers": layers}, seed, device)
     properties = torch.cuda.get_device_properties(device)
     recipe = {

@@ -5,6 +5,8 @@
 rope_freq_dim so RoPE rotates a proper leading part of every head, hidden != heads x head_dim only at release.
 """
 
+import os
+
 TRANSFORMER_CONFIGS = {
     "tiny": dict(
         num_attention_heads=2,
@@ -64,6 +66,19 @@ RELEASE_CONFIG = dict(
 )
 # A leading subset of the release blocks (a partial model, for measuring per-block cost): the number of blocks.
 LAYERS_VARIABLE = "H3GATE_LAYERS"
+
+
+def release_layers(layers: int | str | None = None) -> int:
+    """The number of leading release blocks to build: ``layers``, else ``$H3GATE_LAYERS``, else all 50."""
+    full = RELEASE_CONFIG["num_layers"]
+    value = layers if layers is not None else os.environ.get(LAYERS_VARIABLE) or full
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if not 1 <= count <= full:
+        raise ValueError(f"the release model has 1 to {full} blocks; {LAYERS_VARIABLE}={value!r} is not one of them")
+    return count
 
 
 def release_name(layers: int | None) -> str:

@@ -24,7 +24,7 @@ import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from h3gate.presets import TRANSFORMER_CONFIGS
+from h3gate.presets import RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS, release_layers, release_name
 
 PRESENT = "present and locked"
 MISSING = "missing"
@@ -66,12 +66,15 @@ def _checkpoint_config(spec: str) -> dict:
 
 
 def model_name(spec: str) -> str:
-    """The name a model's thresholds folder has: the preset's name, or for a checkpoint folder its name and the first
+    """The name a model's thresholds folder has: the preset's name (``release-layers<N>`` for the release model's
+    leading ``$H3GATE_LAYERS`` blocks), or for a checkpoint folder its name and the first
     12 hex digits of a digest of its transformer (config and weight files), so two checkpoints of one name (two
     fine-tunes both called ``minimax-h3``) keep their thresholds apart. Weight digests are cached by path, size and
     mtime (:func:`h3gate.files.file_digest`): a checkpoint is hashed once."""
     if spec in TRANSFORMER_CONFIGS:
         return spec
+    if spec == RELEASE:
+        return release_name(release_layers())
     from h3gate.files import file_digest
 
     root = Path(spec).resolve()
@@ -86,11 +89,21 @@ def model_name(spec: str) -> str:
 
 def model_source(spec: str, seed: int = 0) -> str:
     """What :func:`h3gate.model.load_model` records as the model's ``source``, without loading it."""
+    if spec == RELEASE:
+        layers = release_layers()
+        return f"preset:{spec}:seed={seed}" + ("" if layers == RELEASE_CONFIG["num_layers"] else f":layers={layers}")
     return f"preset:{spec}:seed={seed}" if spec in TRANSFORMER_CONFIGS else str(Path(spec).resolve())
 
 
+def transformer_config(spec: str) -> dict:
+    """The transformer config of a model without building it: a preset's, or a checkpoint's config.json."""
+    if spec == RELEASE:
+        return {**RELEASE_CONFIG, "num_layers": release_layers()}
+    return TRANSFORMER_CONFIGS.get(spec) or _checkpoint_config(spec)
+
+
 def num_layers(spec: str) -> int:
-    config = TRANSFORMER_CONFIGS.get(spec) or _checkpoint_config(spec)
+    config = transformer_config(spec)
     if not isinstance(config.get("num_layers"), int):
         raise ValueError(f"the transformer config of {spec!r} has no integer num_layers")
     return config["num_layers"]

@@ -1,10 +1,16 @@
 """The ``model`` gate: the whole transformer, forward and backward, at the contract input.
 
-Freeze (provider configurations only, never the candidate): golden, then the provider and every variant;
-their relative L2 to golden per tap gives the bounds by the ensemble rule. Check: golden, the provider (for
-the report) and the candidate; per tap the candidate's relative L2 to golden must not exceed its bound;
-the run's tap inventory must equal the bounds' keys; a gradient that is exactly zero where golden's is not
-fails whatever its bound; non-finite output is an error naming the tap.
+Freeze (provider configurations only, never the candidate): the provider and every variant, each streamed against
+golden; their relative L2 to golden per tap gives the bounds by the ensemble rule. Check: the provider (for the
+report) and the candidate streamed against golden; per tap the candidate's relative L2 to golden must not exceed
+its bound; the run's tap inventory must equal the bounds' keys; a gradient that is exactly zero where golden's is
+not fails whatever its bound; non-finite output is an error naming the tap.
+
+Every run is streamed (:func:`h3gate.streaming.stream_errors`): golden made one block at a time, the compared runs
+in lockstep with it, every tap reduced to its errors as it appears, the backward recomputing each block from its
+saved input. That is what lets the gate run at release size on one H200; on a CPU its errors are bitwise those of
+holding every tap (tests/test_streaming.py). A freeze streams one configuration at a time against golden: golden
+and one bf16 run's saved inputs (58.5 GiB at release size) fit the host beside nothing else.
 """
 
 from __future__ import annotations
@@ -16,11 +22,25 @@ from h3gate import numerics
 from h3gate.candidates import Candidate
 from h3gate.contract import ModelContract, load_model_contract, model_inputs
 from h3gate.files import sha256_file
-from h3gate.measure import errors_against, run_taps, timed
 from h3gate.model import Model
+from h3gate.streaming import stream_errors
 from h3gate.verdict import Check, GateResult
 
 GATE = "model"
+
+
+def phases(model: Model) -> int:
+    """The progress phases of one streamed run: the part before the blocks, each block forward and back, the head."""
+    return 2 * model.config["num_layers"] + 3
+
+
+def _phase_seconds(timings: dict) -> dict[str, float]:
+    """A streamed run's seconds per kind of phase (forward, backward, forward_backward.head, compare)."""
+    summed: dict[str, float] = {}
+    for phase, seconds in timings.items():
+        kind = phase.split(".")[0] if phase.startswith(("forward.", "backward.")) else phase
+        summed[kind] = summed.get(kind, 0.0) + seconds
+    return summed
 
 
 def freeze(
@@ -32,7 +52,7 @@ def freeze(
     force_reason: str | None = None,
     progress=lambda message: None,
 ) -> bounds_mod.Bounds:
-    """Measure the provider configurations against golden and freeze the ensemble bounds (and lock them)."""
+    """Stream each provider configuration against golden and freeze the ensemble bounds (and lock them)."""
     inputs, upstream = model_inputs(contract, model.config)
     device_class = bounds_mod.device_class(device)
     path = bounds_mod.bounds_path(thresholds, model.name, device_class, GATE)
@@ -40,16 +60,14 @@ def freeze(
     modes = [numerics.PROVIDER] + [
         numerics.get(name, device) for name in (variant_names or [m.name for m in numerics.variants(device)])
     ]
-    timings: dict[str, float] = {}
-    progress("golden")
-    with timed(timings, "golden"):
-        golden = run_taps(model, device, numerics.GOLDEN, inputs, upstream)
+    timings: dict[str, dict] = {}
     errors = {}
     for mode in modes:
-        progress(mode.name)
-        with timed(timings, mode.name):
-            store = run_taps(model, device, mode, inputs, upstream)
-        errors[mode.name] = {tap: metrics["relative_l2"] for tap, metrics in errors_against(store, golden).items()}
+        phase_timings: dict[str, float] = {}
+        streamed = stream_errors(model, device, numerics.GOLDEN, {mode.name: (mode, None)}, inputs, upstream,
+                                 progress=lambda phase, name=mode.name: progress(f"{name} {phase}"), timings=phase_timings)
+        errors[mode.name] = {tap: metrics["relative_l2"] for tap, metrics in streamed[mode.name].items()}
+        timings[mode.name] = _phase_seconds(phase_timings)
     frozen = bounds_mod.frozen_by_ensemble(
         GATE, model, device_class, errors, {"contract": contract.to_json(), "timings_s": timings}
     )
@@ -65,26 +83,17 @@ def check(
     device: str,
     progress=lambda message: None,
 ) -> GateResult:
-    """Qualify ``candidate`` against frozen bounds."""
+    """Qualify ``candidate`` against frozen bounds: it and the provider streamed in lockstep with golden."""
     inputs, upstream = model_inputs(contract, model.config)
-    timings: dict[str, float] = {}
-    progress("golden")
-    with timed(timings, "golden"):
-        golden = run_taps(model, device, numerics.GOLDEN, inputs, upstream)
-    progress("provider")
-    with timed(timings, "provider"):
-        provider = run_taps(model, device, numerics.PROVIDER, inputs, upstream)
-    progress(f"candidate {candidate.name}")
-    with timed(timings, "candidate"):
-        measured = run_taps(model, device, numerics.PROVIDER, inputs, upstream, candidate=candidate)
-    with timed(timings, "compare"):
-        candidate_errors = errors_against(measured, golden)
-        provider_errors = errors_against(provider, golden)
-    checks = inventory_checks(set(measured), set(frozen.bounds))
-    for tap in measured:
+    phase_timings: dict[str, float] = {}
+    runs = {"provider": (numerics.PROVIDER, None), "candidate": (numerics.PROVIDER, candidate)}
+    streamed = stream_errors(model, device, numerics.GOLDEN, runs, inputs, upstream, progress=progress,
+                             timings=phase_timings)
+    candidate_errors, provider_errors = streamed["candidate"], streamed["provider"]
+    checks = inventory_checks(set(candidate_errors), set(frozen.bounds))
+    for tap, metrics in candidate_errors.items():
         if tap not in frozen.bounds:
             continue
-        metrics = candidate_errors[tap]
         detail = {"max_abs": metrics["max_abs"], "provider_relative_l2": provider_errors[tap]["relative_l2"]}
         if bounds_mod.tap_kind(tap) == "gradient" and metrics["all_zero"] and not metrics["reference_all_zero"]:
             checks.append(
@@ -104,7 +113,7 @@ def check(
             "non_discriminating": frozen.non_discriminating,
         },
         metrics={"candidate": candidate_errors, "provider": provider_errors},
-        timings=timings,
+        timings=_phase_seconds(phase_timings),
     )
 
 
@@ -151,10 +160,10 @@ def load_bounds(run) -> bounds_mod.Bounds:
 
 def freeze_item(run) -> bounds_mod.Bounds:
     names = run.variant_names or [mode.name for mode in numerics.variants(run.device)]
-    with run.progress(len(names) + 2) as bar:
+    with run.progress((len(names) + 1) * phases(run.model)) as bar:
         return freeze(run.model, contract_of(run)[1], run.device, run.thresholds, names, run.force_reason, bar.step)
 
 
 def check_item(run, frozen: bounds_mod.Bounds) -> GateResult:
-    with run.progress(3) as bar:
+    with run.progress(phases(run.model)) as bar:
         return check(run.model, run.candidate, contract_of(run)[1], frozen, run.device, progress=bar.step)
