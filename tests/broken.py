@@ -36,14 +36,14 @@ class DroppedKeyTile(_OpsCandidate):
 def _audio_reads_text_modulation(norm, x, scale, shift, idx):
     if idx is not None:
         idx = torch.where(idx % 3 == 2, idx - 1, idx)
-    return PROVIDER_OPS.norm_modulate(norm, x, scale, shift, idx)
+    return PROVIDER_OPS.rms_norm_modulate(norm, x, scale, shift, idx)
 
 
 class AudioTakesTextModulation(_OpsCandidate):
     """Audio rows modulated with the text rows' AdaLN parameters (wrong modality row)."""
 
     name = "broken-audio-text-modulation"
-    ops = replace(PROVIDER_OPS, norm_modulate=_audio_reads_text_modulation)
+    ops = replace(PROVIDER_OPS, rms_norm_modulate=_audio_reads_text_modulation)
 
 
 class _Hooks:

@@ -4,21 +4,14 @@ attribution names its op group; and over the product's own kernels the model gat
 import pytest
 import torch
 
+from h3gate import op_registry
 from h3gate.candidates import CandidateError, ProviderCandidate, load
 from h3gate.gates import block as block_gate
 from h3gate.gates import kernel as kernel_gate
 from h3gate.gates import model as model_gate
 from h3gate.mutants import MUTANTS, MutantCandidate
 
-GROUP_OF_OP = {
-    "attention": "attention",
-    "qk_norm_rope": "qk_norm_rope",
-    "rms_norm_modulate": "norm",
-    "gated_residual": "residual",
-    "swiglu": "swiglu",
-    "linear": "gemm",
-    "silu_linear": "adaln",
-}
+GROUP_OF_OP = {op.name: op.group for op in op_registry.OPS}
 
 
 @pytest.fixture(scope="module")

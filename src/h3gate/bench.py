@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from h3gate import provider_ops
+from h3gate import op_registry, provider_ops
 
 RELEASE = dict(seq=38222, heads=56, head_dim=128, hidden=5376, ffn=14336, time_embed=2688, rotary=96, table_rows=9)
 SMALL = dict(seq=467, heads=4, head_dim=64, hidden=256, ffn=512, time_embed=128, rotary=48, table_rows=9)
@@ -48,103 +48,127 @@ def _randn(shape, device, dtype=torch.bfloat16, scale=1.0):
     return (torch.randn(shape, device=device, dtype=torch.float32) * scale).to(dtype)
 
 
-def cases(s: dict, device: str) -> list[Case]:
-    seq, heads, dim, hidden, ffn = s["seq"], s["heads"], s["head_dim"], s["hidden"], s["ffn"]
-    inner = heads * dim
-    rows = s["table_rows"]
-    out = []
-    for label, k, n in (("to_q/k/v", hidden, inner), ("to_out", inner, hidden), ("ff up", hidden, 2 * ffn), ("ff down", ffn, hidden)):
-        out.append(
-            Case(
-                "linear",
-                f"linear {label} {seq}x{k}->{n}",
-                lambda k=k, n=n: {"x": _randn((1, seq, k), device), "weight": _randn((n, k), device, scale=k**-0.5)},
-                (2.0 * seq * k * n, 4.0 * seq * k * n),
-                "flop",
-            )
+def _linear_cases(s: dict, device: str) -> list[dict]:
+    seq, hidden, ffn, inner = s["seq"], s["hidden"], s["ffn"], s["heads"] * s["head_dim"]
+    return [
+        dict(
+            label=f"linear {label} {seq}x{k}->{n}",
+            make=lambda k=k, n=n: {"x": _randn((1, seq, k), device), "weight": _randn((n, k), device, scale=k**-0.5)},
+            work=(2.0 * seq * k * n, 4.0 * seq * k * n),
+            unit="flop",
         )
-    modulation = 6 * hidden * 3
-    out.append(
-        Case(
-            "silu_linear",
-            f"silu_linear adaln 3x{s['time_embed']}->{modulation}",
-            lambda: {
-                "temb": torch.randn((3, s["time_embed"]), device=device),
-                "weight": _randn((modulation, s["time_embed"]), device, scale=s["time_embed"] ** -0.5),
-                "bias": _randn((modulation,), device),
-            },
-            # memory-bound: the weight streams once forward; read again and its gradient written backward
-            (2.0 * modulation * s["time_embed"], 4.0 * modulation * s["time_embed"]),
-            "byte",
-        )
-    )
+        for label, k, n in (("to_q/k/v", hidden, inner), ("to_out", inner, hidden), ("ff up", hidden, 2 * ffn), ("ff down", ffn, hidden))
+    ]
 
-    def table():
-        return _randn((rows, 6 * hidden), device, scale=0.3)[:, :hidden]
 
+def _silu_linear_cases(s: dict, device: str) -> list[dict]:
+    embed, modulation = s["time_embed"], 6 * s["hidden"] * 3
+    return [dict(
+        label=f"silu_linear adaln 3x{embed}->{modulation}",
+        make=lambda: {
+            "temb": torch.randn((3, embed), device=device),
+            "weight": _randn((modulation, embed), device, scale=embed**-0.5),
+            "bias": _randn((modulation,), device),
+        },
+        # memory-bound: the weight streams once forward; read again and its gradient written backward
+        work=(2.0 * modulation * embed, 4.0 * modulation * embed),
+        unit="byte",
+    )]
+
+
+def _modulation(s: dict, device: str, *tables: str) -> dict:
+    """AdaLN inputs as the block sees them: each table a column slice of the (rows, 6 x hidden) projection, and
+    the table row of every sequence row."""
+    rows, hidden = s["table_rows"], s["hidden"]
+    made = {name: _randn((rows, 6 * hidden), device, scale=0.3)[:, :hidden] for name in tables}
+    return {**made, "idx": torch.randint(0, rows, (s["seq"],), device=device)}
+
+
+def _rms_norm_modulate_cases(s: dict, device: str) -> list[dict]:
+    seq, hidden = s["seq"], s["hidden"]
     act = 2.0 * seq * hidden
-    out.append(
-        Case(
-            "rms_norm_modulate",
-            f"norm+modulation {seq}x{hidden}",
-            lambda: {
-                "x": _randn((1, seq, hidden), device),
-                "weight": _randn((hidden,), device),
-                "eps": 1e-5,
-                "scale": table(),
-                "shift": table(),
-                "idx": torch.randint(0, rows, (seq,), device=device),
-            },
-            (2 * act, 3 * act),
-            "byte",
-        )
-    )
-    heads_act = 2.0 * seq * inner
+    return [dict(
+        label=f"norm+modulation {seq}x{hidden}",
+        make=lambda: {
+            "x": _randn((1, seq, hidden), device),
+            "weight": _randn((hidden,), device),
+            "eps": 1e-5,
+            **_modulation(s, device, "scale", "shift"),
+        },
+        work=(2 * act, 3 * act),
+        unit="byte",
+    )]
+
+
+def _qk_norm_rope_cases(s: dict, device: str) -> list[dict]:
+    seq, heads, dim = s["seq"], s["heads"], s["head_dim"]
+    heads_act = 2.0 * seq * heads * dim
     angles = torch.rand((seq, s["rotary"]), device=device)
-    out.append(
-        Case(
-            "qk_norm_rope",
-            f"qk norm+rope {seq}x{heads}x{dim}",
-            lambda: {
-                "x": _randn((1, seq, heads, dim), device),
-                "weight": _randn((dim,), device),
-                "eps": 1e-5,
-                "cos": angles.cos(),
-                "sin": angles.sin(),
-            },
-            (2 * heads_act, 3 * heads_act),
-            "byte",
-        )
-    )
-    attention_flops = 4.0 * seq * seq * dim * heads
-    out.append(
-        Case(
-            "attention",
-            f"attention {seq}x{heads}x{dim}",
-            lambda: {k: _randn((1, seq, heads, dim), device) for k in ("q", "k", "v")},
-            (attention_flops, 2.5 * attention_flops),
-            "flop",
-        )
-    )
-    ffn_act = 2.0 * seq * ffn
-    out.append(
-        Case("swiglu", f"swiglu {seq}x{2 * ffn}", lambda: {"h": _randn((1, seq, 2 * ffn), device)}, (3 * ffn_act, 5 * ffn_act), "byte")
-    )
-    out.append(
-        Case(
-            "gated_residual",
-            f"gated residual {seq}x{hidden}",
-            lambda: {
-                "residual": _randn((1, seq, hidden), device),
-                "y": _randn((1, seq, hidden), device),
-                "gate": table(),
-                "idx": torch.randint(0, rows, (seq,), device=device),
-            },
-            (3 * act, 4 * act),
-            "byte",
-        )
-    )
-    return out
+    return [dict(
+        label=f"qk norm+rope {seq}x{heads}x{dim}",
+        make=lambda: {
+            "x": _randn((1, seq, heads, dim), device),
+            "weight": _randn((dim,), device),
+            "eps": 1e-5,
+            "cos": angles.cos(),
+            "sin": angles.sin(),
+        },
+        work=(2 * heads_act, 3 * heads_act),
+        unit="byte",
+    )]
+
+
+def _attention_cases(s: dict, device: str) -> list[dict]:
+    seq, heads, dim = s["seq"], s["heads"], s["head_dim"]
+    flops = 4.0 * seq * seq * dim * heads
+    return [dict(
+        label=f"attention {seq}x{heads}x{dim}",
+        make=lambda: {k: _randn((1, seq, heads, dim), device) for k in ("q", "k", "v")},
+        work=(flops, 2.5 * flops),
+        unit="flop",
+    )]
+
+
+def _swiglu_cases(s: dict, device: str) -> list[dict]:
+    seq, ffn = s["seq"], s["ffn"]
+    act = 2.0 * seq * ffn
+    return [dict(
+        label=f"swiglu {seq}x{2 * ffn}", make=lambda: {"h": _randn((1, seq, 2 * ffn), device)}, work=(3 * act, 5 * act), unit="byte"
+    )]
+
+
+def _gated_residual_cases(s: dict, device: str) -> list[dict]:
+    seq, hidden = s["seq"], s["hidden"]
+    act = 2.0 * seq * hidden
+    return [dict(
+        label=f"gated residual {seq}x{hidden}",
+        make=lambda: {
+            "residual": _randn((1, seq, hidden), device),
+            "y": _randn((1, seq, hidden), device),
+            **_modulation(s, device, "gate"),
+        },
+        work=(3 * act, 4 * act),
+        unit="byte",
+    )]
+
+
+# The cases of each op at a shape, in registry order; checked against the registry as the module loads.
+CASES = op_registry.keyed(
+    {
+        "linear": _linear_cases,
+        "silu_linear": _silu_linear_cases,
+        "rms_norm_modulate": _rms_norm_modulate_cases,
+        "qk_norm_rope": _qk_norm_rope_cases,
+        "attention": _attention_cases,
+        "swiglu": _swiglu_cases,
+        "gated_residual": _gated_residual_cases,
+    },
+    "the benchmark's cases",
+)
+
+
+def cases(s: dict, device: str) -> list[Case]:
+    return [Case(op.name, **case) for op, op_cases in CASES for case in op_cases(s, device)]
 
 
 # Timing -----------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The MiniMax-H3 blocks written as calls to seven op groups.
+"""The MiniMax-H3 blocks written as calls to the ops of :mod:`h3gate.op_registry`.
 
 diffusers computes a transformer block, a token-refiner block and ``norm_out`` as one Python expression each.
 To swap single ops for kernels (and back, one group at a time, for attribution) the same arithmetic is
@@ -9,19 +9,20 @@ holds this); a candidate supplies its own table for some groups.
 The program also names its intermediate results (``tap`` points): the block gate compares them between
 runs. The names are the same for every op table, so golden, provider and candidate are comparable.
 
-Op groups and their signatures (``m`` is the diffusers submodule whose parameters the op uses):
+Op groups and the program's calls (``m`` is the diffusers submodule whose parameters the op uses); the ops
+that use no submodule are the registry's provider formulas themselves:
 
-==============  ===============================================================  =====================
-group           call                                                             provider arithmetic
-==============  ===============================================================  =====================
-gemm            ``linear(m, x)``                                                 ``m(x)``
-adaln           ``modulation(m, temb)`` -> (R, n*C) table, ``m`` holds ``linear``   ``m.linear(silu(temb).to(dtype))``
-norm            ``norm_modulate(m, x, scale, shift, idx)`` (tables may be None)    ``m(x) * (1 + scale[idx]) + shift[idx]``
-qk_norm_rope    ``qk_norm_rope(m, x, rotary_emb)`` (rotary may be None)           ``_apply_rotary_emb(m(x), *rotary)``
-attention       ``attention(processor, q, k, v)``                                 ``dispatch_attention_fn``
-swiglu          ``swiglu(h)``                                                    ``a * silu(g)``
-residual        ``gated_residual(residual, y, gate, idx)`` (gate may be None)      ``residual + gate[idx] * y``
-==============  ===============================================================  =====================
+==============  ==================================================================  =====================
+group           call                                                                provider arithmetic
+==============  ==================================================================  =====================
+gemm            ``linear(m, x)``                                                    ``m(x)``
+adaln           ``silu_linear(m, temb)`` -> (R, n*C) table, ``m`` holds ``linear``    ``m.linear(silu(temb).to(dtype))``
+norm            ``rms_norm_modulate(m, x, scale, shift, idx)`` (tables may be None)   ``m(x) * (1 + scale[idx]) + shift[idx]``
+qk_norm_rope    ``qk_norm_rope(m, x, rotary_emb)`` (rotary may be None)              ``_apply_rotary_emb(m(x), *rotary)``
+attention       ``attention(processor, q, k, v)``                                    ``dispatch_attention_fn``
+swiglu          ``swiglu(h)``                                                       ``a * silu(g)``
+residual        ``gated_residual(residual, y, gate, idx)`` (gate may be None)         ``residual + gate[idx] * y``
+==============  ==================================================================  =====================
 """
 
 from __future__ import annotations
@@ -38,16 +39,18 @@ from diffusers.models.attention_dispatch import AttentionBackendName, _Attention
 from diffusers.models.modeling_utils import get_parameter_dtype
 from diffusers.models.transformers.transformer_minimax_h3 import _apply_rotary_emb
 
-OP_GROUPS = ("gemm", "adaln", "norm", "qk_norm_rope", "attention", "swiglu", "residual")
+from h3gate import op_registry
+
+OP_GROUPS = tuple(dict.fromkeys(op.group for op in op_registry.OPS))
 
 
 @dataclass(frozen=True)
 class Ops:
-    """One implementation per op group; :meth:`mixed` builds hybrids of two tables."""
+    """One implementation per op of the registry, in the program's signatures; :meth:`mixed` builds hybrids."""
 
     linear: Callable
-    modulation: Callable
-    norm_modulate: Callable
+    silu_linear: Callable
+    rms_norm_modulate: Callable
     qk_norm_rope: Callable
     attention: Callable
     swiglu: Callable
@@ -58,27 +61,19 @@ class Ops:
         unknown = sorted(set(groups) - set(OP_GROUPS))
         if unknown:
             raise ValueError(f"unknown op group(s) {unknown}; valid groups: {', '.join(OP_GROUPS)}")
-        return replace(self, **{_FIELD_OF_GROUP[g]: getattr(other, _FIELD_OF_GROUP[g]) for g in groups})
+        return replace(self, **{op.name: getattr(other, op.name) for op in op_registry.OPS if op.group in groups})
 
 
-_FIELD_OF_GROUP = {
-    "gemm": "linear",
-    "adaln": "modulation",
-    "norm": "norm_modulate",
-    "qk_norm_rope": "qk_norm_rope",
-    "attention": "attention",
-    "swiglu": "swiglu",
-    "residual": "gated_residual",
-}
-assert sorted(_FIELD_OF_GROUP.values()) == sorted(f.name for f in fields(Ops))
+# an op added to the registry stops the program from importing until it has its field here
+op_registry.keyed({f.name: f for f in fields(Ops)}, "the block program's Ops fields")
 
 
-def _provider_modulation(module, temb):
+def _provider_silu_linear(module, temb):
     linear = module.linear
     return linear(F.silu(temb).to(get_parameter_dtype(linear)))
 
 
-def _provider_norm_modulate(norm, x, scale, shift, idx):
+def _provider_rms_norm_modulate(norm, x, scale, shift, idx):
     x = norm(x)
     if scale is None:
         return x
@@ -124,25 +119,16 @@ def _provider_attention(processor, q, k, v):
     )
 
 
-def _provider_swiglu(h):
-    h, gate = h.chunk(2, dim=-1)
-    return h * F.silu(gate)
-
-
-def _provider_gated_residual(residual, y, gate, idx):
-    if gate is None:
-        return residual + y
-    return residual + gate.index_select(0, idx) * y
-
-
+# diffusers' own submodules where an op uses one (their calls, hooks included, bitwise), the registry's formulas
+# where none is used
 PROVIDER_OPS = Ops(
     linear=lambda m, x: m(x),
-    modulation=_provider_modulation,
-    norm_modulate=_provider_norm_modulate,
+    silu_linear=_provider_silu_linear,
+    rms_norm_modulate=_provider_rms_norm_modulate,
     qk_norm_rope=_provider_qk_norm_rope,
     attention=_provider_attention,
-    swiglu=_provider_swiglu,
-    gated_residual=_provider_gated_residual,
+    swiglu=op_registry.swiglu,
+    gated_residual=op_registry.gated_residual,
 )
 
 def _eps(module, x):
@@ -150,7 +136,7 @@ def _eps(module, x):
 
 
 def ops_from_kernels(kernels: dict) -> Ops:
-    """The op table over standalone tensor functions (the signatures of :mod:`h3gate.provider_ops`)."""
+    """The op table over standalone tensor functions (the signatures of :mod:`h3gate.op_registry`)."""
 
     def qk_norm_rope(module, x, rotary_emb):
         cos, sin = rotary_emb if rotary_emb is not None else (None, None)
@@ -158,8 +144,8 @@ def ops_from_kernels(kernels: dict) -> Ops:
 
     return Ops(
         linear=lambda module, x: kernels["linear"](x, module.weight, module.bias),
-        modulation=lambda module, temb: kernels["silu_linear"](temb, module.linear.weight, module.linear.bias),
-        norm_modulate=lambda module, x, scale, shift, idx: kernels["rms_norm_modulate"](
+        silu_linear=lambda module, temb: kernels["silu_linear"](temb, module.linear.weight, module.linear.bias),
+        rms_norm_modulate=lambda module, x, scale, shift, idx: kernels["rms_norm_modulate"](
             x, module.weight, _eps(module, x), scale, shift, idx
         ),
         qk_norm_rope=qk_norm_rope,
@@ -230,32 +216,32 @@ def transformer_block_forward(ops: Ops, block, hidden_states, temb, adaln_indice
     """``MiniMaxH3TransformerBlock.forward`` over ``ops``."""
     if attention_mask is not None:
         raise ValueError("MiniMax-H3 blocks run unmasked; the op program takes no attention_mask")
-    table = ops.modulation(block.adaln_proj, temb).view(-1, 6 * block.adaln_proj.hidden_size)
+    table = ops.silu_linear(block.adaln_proj, temb).view(-1, 6 * block.adaln_proj.hidden_size)
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = table.chunk(6, dim=-1)
-    x = _tap(block, "norm1_modulated", ops.norm_modulate(block.norm1, hidden_states, scale_msa, shift_msa, adaln_indices))
+    x = _tap(block, "norm1_modulated", ops.rms_norm_modulate(block.norm1, hidden_states, scale_msa, shift_msa, adaln_indices))
     attn_output = attention_forward(ops, block.attn, x, rotary_emb, block)
     hidden_states = _tap(
         block, "attn_residual", ops.gated_residual(hidden_states, attn_output, gate_msa, adaln_indices)
     )
-    x = _tap(block, "norm2_modulated", ops.norm_modulate(block.norm2, hidden_states, scale_mlp, shift_mlp, adaln_indices))
+    x = _tap(block, "norm2_modulated", ops.rms_norm_modulate(block.norm2, hidden_states, scale_mlp, shift_mlp, adaln_indices))
     ff_output = feed_forward(ops, block.ff, x, block)
     return _tap(block, "ff_residual", ops.gated_residual(hidden_states, ff_output, gate_mlp, adaln_indices))
 
 
 def refiner_block_forward(ops: Ops, block, hidden_states):
     """``MiniMaxH3TokenRefinerBlock.forward`` over ``ops``."""
-    x = _tap(block, "norm1_modulated", ops.norm_modulate(block.norm1, hidden_states, None, None, None))
+    x = _tap(block, "norm1_modulated", ops.rms_norm_modulate(block.norm1, hidden_states, None, None, None))
     hidden_states = _tap(
         block, "attn_residual", ops.gated_residual(hidden_states, attention_forward(ops, block.attn, x, None, block), None, None)
     )
-    x = _tap(block, "norm2_modulated", ops.norm_modulate(block.norm2, hidden_states, None, None, None))
+    x = _tap(block, "norm2_modulated", ops.rms_norm_modulate(block.norm2, hidden_states, None, None, None))
     return _tap(block, "ff_residual", ops.gated_residual(hidden_states, feed_forward(ops, block.ff, x, block), None, None))
 
 
 def norm_out_forward(ops: Ops, norm_out, hidden_states, temb, timestep_indices):
     """``MiniMaxH3AdaLayerNormOut.forward`` over ``ops``."""
-    shift, scale = ops.modulation(norm_out, temb).chunk(2, dim=-1)
-    return ops.norm_modulate(norm_out.norm, hidden_states, scale, shift, timestep_indices)
+    shift, scale = ops.silu_linear(norm_out, temb).chunk(2, dim=-1)
+    return ops.rms_norm_modulate(norm_out.norm, hidden_states, scale, shift, timestep_indices)
 
 
 def token_refiner_forward(ops: Ops, refiner, hidden_states):
@@ -265,7 +251,7 @@ def token_refiner_forward(ops: Ops, refiner, hidden_states):
             hidden_states = refiner._gradient_checkpointing_func(block, hidden_states)
         else:
             hidden_states = block(hidden_states)
-    return ops.norm_modulate(refiner.final_norm, hidden_states, None, None, None)
+    return ops.rms_norm_modulate(refiner.final_norm, hidden_states, None, None, None)
 
 
 class Installation:

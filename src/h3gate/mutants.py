@@ -51,7 +51,7 @@ def dropped_key_tile(attention):
 
     Attention over fewer keys than queries is computed by the provider's attention (a self-attention kernel
     takes one length for both); only sequences with a partial last tile are affected."""
-    from h3gate.provider_ops import attention as over_kept_keys
+    from h3gate.op_registry import attention as over_kept_keys
 
     def broken(q, k, v):
         keep = k.shape[1] - k.shape[1] % KEY_TILE

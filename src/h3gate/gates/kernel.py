@@ -21,7 +21,7 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from h3gate import numerics, provider_ops
+from h3gate import numerics, op_registry
 from h3gate.compare import max_abs, relative_l2
 from h3gate.verdict import Check, GateResult
 
@@ -46,12 +46,11 @@ INTERPRETER_LIMITS = Limits(max_rows=600, max_width=200, max_heads=2)
 
 @dataclass(frozen=True)
 class OpSpec:
-    """How to draw inputs for one op, and its torch formula (run at low precision and in float64)."""
+    """How to draw inputs for one op; its provider formula is the torch reference (low precision and float64)."""
 
-    name: str
+    op: op_registry.Op
     dims: Callable[[Limits], st.SearchStrategy]
     build: Callable[[dict, torch.dtype, torch.Generator], dict]  # -> {"args": [...], "grads": [arg names]}
-    torch_op: Callable
     # Shapes every search runs first, whatever it draws: the MiniMax-H3 block's own layout at a ragged length.
     examples: tuple[dict, ...] = ()
 
@@ -206,37 +205,33 @@ def _residual_build(d, dtype, g):
     return {"args": args, "grads": ["residual", "y"] + (["gate"] if d["modulated"] else []), "dtypes": {}}
 
 
-OP_SPECS = {
-    spec.name: spec
-    for spec in (
-        OpSpec(
-            "linear", _linear_dims, _linear_build, provider_ops.linear,
-            # and a deep reduction, where an accumulator that rounds between K steps drifts visibly
-            ({"rows": 467, "k": 192, "n": 96, "bias": False, "batched": True},
-             {"rows": 33, "k": 2048, "n": 48, "bias": True, "batched": False}),
-        ),
-        OpSpec(
-            "silu_linear", _silu_linear_dims, _silu_linear_build, provider_ops.silu_linear, ({"t": 3, "e": 32, "n": 1152},)
-        ),
-        OpSpec(
-            "rms_norm_modulate", _table_dims, _rms_build, provider_ops.rms_norm_modulate,
-            ({"rows": 467, "c": 64, "table_rows": 6, "batch": 1, "modulated": True, "magnitude": 3.0},),
-        ),
-        OpSpec(
-            "qk_norm_rope", _rope_dims, _rope_build, provider_ops.qk_norm_rope,
-            ({"rows": 467, "heads": 2, "head_dim": 32, "freq": 4, "rope": True, "batch": 1, "magnitude": 2.0},),
-        ),
-        OpSpec(
-            "attention", _attention_dims, _attention_build, provider_ops.attention,
-            ({"rows": 467, "heads": 2, "head_dim": 32, "batch": 1, "peak": 2.0},),
-        ),
-        OpSpec("swiglu", _swiglu_dims, _swiglu_build, provider_ops.swiglu, ({"rows": 467, "f": 128, "batch": 1},)),
-        OpSpec(
-            "gated_residual", _table_dims, _residual_build, provider_ops.gated_residual,
-            ({"rows": 467, "c": 64, "table_rows": 6, "batch": 1, "modulated": True, "magnitude": 1.0},),
-        ),
-    )
+_DRAWS = {
+    "linear": dict(
+        dims=_linear_dims, build=_linear_build,
+        # and a deep reduction, where an accumulator that rounds between K steps drifts visibly
+        examples=({"rows": 467, "k": 192, "n": 96, "bias": False, "batched": True},
+                  {"rows": 33, "k": 2048, "n": 48, "bias": True, "batched": False}),
+    ),
+    "silu_linear": dict(dims=_silu_linear_dims, build=_silu_linear_build, examples=({"t": 3, "e": 32, "n": 1152},)),
+    "rms_norm_modulate": dict(
+        dims=_table_dims, build=_rms_build,
+        examples=({"rows": 467, "c": 64, "table_rows": 6, "batch": 1, "modulated": True, "magnitude": 3.0},),
+    ),
+    "qk_norm_rope": dict(
+        dims=_rope_dims, build=_rope_build,
+        examples=({"rows": 467, "heads": 2, "head_dim": 32, "freq": 4, "rope": True, "batch": 1, "magnitude": 2.0},),
+    ),
+    "attention": dict(
+        dims=_attention_dims, build=_attention_build,
+        examples=({"rows": 467, "heads": 2, "head_dim": 32, "batch": 1, "peak": 2.0},),
+    ),
+    "swiglu": dict(dims=_swiglu_dims, build=_swiglu_build, examples=({"rows": 467, "f": 128, "batch": 1},)),
+    "gated_residual": dict(
+        dims=_table_dims, build=_residual_build,
+        examples=({"rows": 467, "c": 64, "table_rows": 6, "batch": 1, "modulated": True, "magnitude": 1.0},),
+    ),
 }
+OP_SPECS = {op.name: OpSpec(op, **draws) for op, draws in op_registry.keyed(_DRAWS, "the kernel gate's input draws")}
 OPS = tuple(OP_SPECS)
 
 
@@ -288,15 +283,15 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
     # float64 arithmetic on the very inputs the low-precision runs get (rounded to their dtypes), as
     # flash-attention's tests do: the errors then measure the ops' arithmetic, not the rounding of the inputs
     # every run shares.
-    reference = _forward_backward(spec.torch_op, built, dtype, "cpu", seed, reference=True)
+    reference = _forward_backward(spec.op.provider, built, dtype, "cpu", seed, reference=True)
     # Two runs are compared bitwise, so torch's own ops run deterministically in both (on CUDA the provider's
     # index_select and SDPA backwards otherwise add with atomics in any order), and in torch's run beside them.
     with numerics.deterministic():
-        torch_low = _forward_backward(spec.torch_op, built, dtype, device, seed)
+        torch_low = _forward_backward(spec.op.provider, built, dtype, device, seed)
         candidate = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
         again = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
     dtype_name = str(dtype).removeprefix("torch.")
-    label = f"{spec.name}[{_dims_label(dims)}, {dtype_name}]"
+    label = f"{spec.op.name}[{_dims_label(dims)}, {dtype_name}]"
     checks = []
     eps = torch.finfo(dtype).eps
     # The floor's magnitude: the reference's own, or, where the reference is exactly zero (dq and dk with a
