@@ -98,6 +98,9 @@ def setup(tiny, tmp_path_factory):
     "changes, message",
     [
         ({"workflow": "i2va"}, "unknown workflow 'i2va'"),
+        ({"workflow": ["t2va", "i2va"]}, "unknown workflow 'i2va'"),
+        ({"workflow": []}, "workflow is an empty list"),
+        ({"workflow": ["fl2va", "fl2va"]}, r"workflow lists \['fl2va'\] more than once"),
         ({"seeds": []}, "seeds is empty"),
         ({"seeds": [42, 43, 42]}, r"seeds lists \[42\] more than once"),
         ({"seeds": [42, True]}, "seeds must be non-negative integers"),
