@@ -44,11 +44,6 @@ FIXED_BOUNDS = {"video_psnr_min_db": 30.0, "video_ssim_min": 0.99, "video_tempor
 VAES = {"vae": AutoencoderKLMiniMaxH3, "audio_vae": AutoencoderKLMiniMaxH3Audio}
 
 
-def model_name(spec: str) -> str:
-    """The thresholds folder name of ``spec``: a preset's, ``release``, or a checkpoint's (:func:`status.model_name`)."""
-    return spec if spec == RELEASE else status.model_name(spec)
-
-
 def _pipeline(spec: str):
     """A pipeline holding only the VAEs (on the meta device) and canvas configs of ``spec``, for its geometry."""
     pipe = MiniMaxH3Blocks().init_pipeline()
@@ -110,7 +105,7 @@ def write(spec: str, thresholds: str | os.PathLike, replace_reason: str | None =
     """Write the default contracts of ``spec`` under ``thresholds/<model name>/`` and lock them; existing contracts
     are replaced only with a reason (checked for all before any is written). Each file is written atomically."""
     thresholds = Path(thresholds)
-    folder = thresholds / model_name(spec)
+    folder = thresholds / status.model_name(spec)
     contents = defaults(spec)
     existing = [folder / name for name in contents if (folder / name).exists()]
     if existing and not replace_reason:
