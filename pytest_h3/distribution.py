@@ -70,6 +70,22 @@ def prepare(device_option: str, per_gpu: int = 1) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index // per_gpu]
 
 
+def check_workers(device_option: str, per_gpu: int, workers) -> None:
+    """Controller, before any worker starts: each worker past GPUs x ``per_gpu`` would fail at start-up, xdist
+    would replace it, and the run would end in "no tests ran" with exit status 0, which CI reads as green."""
+    if not isinstance(workers, int) or workers < 1 or cpu_run(device_option):
+        return
+    gpus = caller_gpus()
+    if device_option == "auto" and not gpus:
+        return  # no GPU visible: auto runs on CPU, where workers need none
+    if workers > len(gpus) * per_gpu:
+        raise pytest.UsageError(
+            f"-n {workers} with --h3-device={device_option}: the caller sees {len(gpus)} GPU(s) "
+            f"({','.join(gpus) or 'none'}) and gives each {per_gpu} worker(s) (--h3-workers-per-gpu); run with "
+            f"-n {len(gpus) * per_gpu or 0} or -n auto, or raise --h3-workers-per-gpu"
+        )
+
+
 def auto_workers(device_option: str, per_gpu: int = 1) -> int | None:
     """``-n auto``: ``per_gpu`` workers per visible GPU; None (xdist's own choice) on CPU."""
     if cpu_run(device_option):

@@ -1,7 +1,7 @@
 """Every pytest-h3 setting checked when the session starts, before any item runs: a typo in a setting must not cost
 a whole run of gates and leave no evidence. Each failure is one line naming the option and the fix, raised as
-pytest's usage error (exit code 4). The checks import nothing heavy: torch never, and cryptography only to read a
-signing key that was given.
+pytest's usage error (exit code 4). The checks import nothing heavy: torch only to count the GPUs of a GPU run
+under xdist that leaves CUDA_VISIBLE_DEVICES unset, and cryptography only to read a signing key that was given.
 """
 
 from __future__ import annotations
@@ -36,13 +36,25 @@ def validate(config):
     if thresholds is not None and not Path(thresholds).is_dir():
         raise pytest.UsageError(f"--h3-thresholds={thresholds} is not a folder: give the folder holding LOCK.json "
                                 "(default: <rootdir>/thresholds)")
+    _check_model(config.getoption("--h3-model"))
     _check_candidate(config.getoption("--h3-candidate"))
+    from pytest_h3.distribution import check_workers, parse_shard
+
     shard = config.getoption("--h3-shard")
     if shard:
-        from pytest_h3.distribution import parse_shard
-
         parse_shard(shard)
+    check_workers(config.getoption("--h3-device"), config.getoption("--h3-workers-per-gpu"),
+                  getattr(config.option, "numprocesses", None))
     return _signing_key(config.getoption("--h3-sign-key"))
+
+
+def _check_model(spec: str) -> None:
+    """An embedded model's name or a folder; what the folder holds is checked when the model loads."""
+    from h3gate.presets import PRESETS, RELEASE
+
+    if spec not in (*PRESETS, RELEASE) and not Path(spec).is_dir():
+        raise pytest.UsageError(f"--h3-model={spec} is neither an embedded model ({', '.join((*PRESETS, RELEASE))}) "
+                                "nor a checkpoint folder: give one of those, or the folder's path")
 
 
 def _check_candidate(spec: str) -> None:

@@ -67,7 +67,7 @@ def test_workers_and_shards_give_the_same_evidence(project):
     for index in range(2):
         _run(project, f"shard{index}", f"--h3-shard={index}/2")
         shards.append(project.path / f"shard{index}" / "evidence.json")
-    merged = evidence.merge(shards, project.path / "merged")
+    merged = evidence.merge(shards, project.path)  # the folder that holds every shard
     single = _content(project.path / "single" / "evidence.json")
     assert _content(project.path / "workers" / "evidence.json") == single
     assert _content(merged) == single

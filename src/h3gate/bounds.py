@@ -163,8 +163,9 @@ def load(path: Path, gate: str, model_identity: str, device: str) -> Bounds:
             raise BoundsError(f"{path} holds bounds for {key} {found!r}, this run needs {expected!r}")
     table = require(path, data, "bounds", dict, "bounds file")
     for tap, value in table.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-            raise FileFormatError(path, f"bound of {tap} must be a positive number, found {value!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+            raise FileFormatError(path, f"bound of {tap} must be a positive finite number, found {value!r}; "
+                                  "freeze the bounds again (pytest -m gate --h3-freeze)")
     return Bounds(
         gate=gate,
         model_identity=model_identity,
