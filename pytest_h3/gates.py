@@ -20,6 +20,21 @@ from pytest_h3 import distribution
 
 
 def run(item) -> GateResult:
+    """The item's result; a gate that runs out of GPU memory fails in one line, with that memory given back."""
+    import torch
+
+    try:
+        return _run(item)
+    except torch.OutOfMemoryError as error:
+        reason = str(error).strip().splitlines()[0]
+    # Past the except block the error and its traceback are gone, and with them the frames that held the item's
+    # tensors: the next item starts on a free GPU instead of running out of memory in turn.
+    torch.cuda.empty_cache()
+    pytest.fail(f"the {item.kind} gate ran out of GPU memory on {item.session.device}: {reason} Free the GPU of other "
+                "processes, or run fewer xdist workers per GPU (--h3-workers-per-gpu)", pytrace=False)
+
+
+def _run(item) -> GateResult:
     gate = registry.REGISTRY[item.kind]
     gate_run = item.gate_run()
     if item.session.freezing:

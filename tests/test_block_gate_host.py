@@ -28,6 +28,24 @@ def test_a_frozen_capture_is_read_back_as_written_and_checked_on_a_thread(tiny, 
     assert torch.equal(captured["hidden_states"], load(data)["hidden_states"])
 
 
+def test_a_freeze_that_fails_leaves_no_capture_behind(tiny, tiny_contract, tmp_path, monkeypatch):
+    """A capture outside the lock makes the next session refuse the whole thresholds folder: it is written only
+    with its bounds."""
+    thresholds = tmp_path / "thresholds"
+    (thresholds / "tiny").mkdir(parents=True)
+    shutil.copy(THRESHOLDS / "tiny" / "model-contract.json", thresholds / "tiny")
+    bounds_mod.lock_files(thresholds, [thresholds / "tiny" / "model-contract.json"])
+
+    def out_of_memory(*args):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.28 GiB")
+
+    monkeypatch.setattr(block_gate, "_errors", out_of_memory)
+    with pytest.raises(torch.OutOfMemoryError):
+        block_gate.freeze(tiny, tiny_contract, "cpu", 1, thresholds, ["sdpa-math"])
+    assert not (thresholds / "tiny" / "cpu").exists() or not list((thresholds / "tiny" / "cpu").iterdir())
+    bounds_mod.verify_lock(thresholds)
+
+
 def test_the_capture_lives_beside_its_bounds_and_is_locked_with_them(tiny, tiny_contract, tmp_path):
     thresholds = tmp_path / "thresholds"
     (thresholds / "tiny").mkdir(parents=True)

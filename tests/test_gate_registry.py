@@ -137,6 +137,47 @@ def test_a_toy_gate_is_one_module_and_one_registry_line(pytester, monkeypatch):
     caught.assert_outcomes(failed=2)
 
 
+OOM_GATE = '''
+import torch
+
+from h3gate.verdict import Check, GateResult
+
+GATE = "greedy"
+HELD = []
+
+
+def items(run):
+    return [{"seed": 1}, {"seed": 2}]
+
+
+def bounds_file(run):
+    return None
+
+
+def check_item(run, _bounds):
+    if run.params["seed"] == 1:
+        HELD.append(torch.ones(4))  # what a traceback would keep alive
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.28 GiB. GPU 0 has 7.28 GiB free.\\nmore")
+    return GateResult(GATE, run.params, [Check("x", "relative_l2", 0.0, 1.0, True)])
+'''
+
+
+def test_a_gate_out_of_gpu_memory_fails_in_one_line_and_the_next_item_runs(pytester, monkeypatch):
+    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
+    pytester.makepyfile(greedy_gate=OOM_GATE, conftest='''
+from h3gate.gates import SEEDS, Gate, register
+
+register(Gate("greedy", (SEEDS,), frozen_nothing="nothing to freeze", module_name="greedy_gate"))
+''', test_greedy=TOY_TEST.replace('"toy"', '"greedy"'))
+    pytester.syspathinsert()
+    result = pytester.runpytest("-p", "no:cacheprovider", "--h3-device=cpu", "--h3-candidate=provider", "-m", "gate")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*the greedy gate ran out of GPU memory on cpu: CUDA out of memory. Tried to allocate "
+                                 "8.28 GiB. GPU 0 has 7.28 GiB free. Free the GPU of other processes, or run fewer "
+                                 "xdist workers per GPU*"])
+    assert "Traceback" not in result.stdout.str() and "check_item" not in result.stdout.str()
+
+
 def test_the_toy_gates_size():
     """The whole of a new gate kind: its module and one registry line."""
     assert len(TOY_GATE.strip().splitlines()) < 50

@@ -17,11 +17,27 @@ import torch
 _INT_OF = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float64: torch.int64}
 
 
+_CHUNK = 1 << 26  # elements reduced at a time in float64 (0.5 GB per copy) once a tensor is larger
+
+
+def _chunks(x: torch.Tensor, ref: torch.Tensor):
+    """``(x, ref)`` whole, or flattened in chunks of 64 M elements once larger: a release block gate's SwiGLU tap has
+    1.1 G elements, whose float64 copies (9 GB each) do not fit beside the block gate's 120 GB of weights and taps
+    on one H200. Tensors of one chunk or less are reduced whole, so their results are the plain reductions'."""
+    x, ref = x.detach(), ref.detach()
+    if x.numel() <= _CHUNK:
+        yield x.double(), ref.double()
+        return
+    x, ref = x.reshape(-1), ref.reshape(-1)
+    for start in range(0, x.numel(), _CHUNK):
+        yield x[start:start + _CHUNK].double(), ref[start:start + _CHUNK].double()
+
+
 def relative_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
     """||x - ref|| / ||ref|| in float64; 0 when both are zero, inf when only ref is zero."""
-    x64, ref64 = x.detach().double(), ref.detach().double()
-    denominator = torch.linalg.vector_norm(ref64).item()
-    numerator = torch.linalg.vector_norm(x64 - ref64).item()
+    norms = [(torch.linalg.vector_norm(x64 - ref64).item(), torch.linalg.vector_norm(ref64).item())
+             for x64, ref64 in _chunks(x, ref)]
+    numerator, denominator = (math.hypot(*parts) for parts in zip(*norms))
     if denominator == 0.0:
         return 0.0 if numerator == 0.0 else math.inf
     return numerator / denominator
@@ -29,7 +45,7 @@ def relative_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def max_abs(x: torch.Tensor, ref: torch.Tensor) -> float:
     """max |x - ref| in float64; 0 for empty tensors."""
-    return (x.detach().double() - ref.detach().double()).abs().max().item() if x.numel() else 0.0
+    return max(((x64 - ref64).abs().max().item() for x64, ref64 in _chunks(x, ref) if x64.numel()), default=0.0)
 
 
 def _ordered(bits: torch.Tensor, width: int) -> torch.Tensor:

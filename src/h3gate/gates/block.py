@@ -19,6 +19,7 @@ without pyplot's global state, so it renders on a host thread while attribution 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import io
@@ -28,6 +29,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import torch
+from safetensors.torch import load as safetensors_load
 
 from h3gate import bounds as bounds_mod
 from h3gate import numerics, seeded
@@ -109,7 +111,6 @@ def load_capture(path: Path, digest: str, block: int) -> tuple[dict, Future]:
     raises :class:`h3gate.bounds.BoundsError` for a file that is not the frozen one. A missing file (a release-size
     capture may live outside git) is one error naming the file, its digest and the command that makes it."""
     from safetensors import SafetensorError
-    from safetensors.torch import load
 
     path = Path(path)
     if not path.is_file():
@@ -127,7 +128,7 @@ def load_capture(path: Path, digest: str, block: int) -> tuple[dict, Future]:
         return found
 
     try:
-        captured = load(data)
+        captured = safetensors_load(data)
     except SafetensorError as error:
         raise FileFormatError(path, f"capture is not a readable safetensors file ({error}): restore it from version "
                               "control") from error
@@ -226,6 +227,26 @@ def replay(block_module, inputs: dict, device: str, call=None) -> TapStore:
     return store
 
 
+@contextlib.contextmanager
+def alone_on_device(model: Model, block: int, device: str):
+    """The transformer on ``device`` but for its other blocks, which wait in host memory meanwhile (and go back
+    after, also on error): a block's replays need only that block, and at release size the other 49 (60 GiB) would
+    leave no room for golden's and a replay's taps (57 GB). Nothing moves on a CPU."""
+    transformer = model.transformer.to(device)
+    others = [module for index, module in enumerate(transformer.transformer_blocks) if index != block]
+    if torch.device(device).type == "cpu" or not others:
+        yield
+        return
+    for module in others:
+        module.to("cpu")
+    torch.cuda.empty_cache()
+    try:
+        yield
+    finally:
+        for module in others:
+            module.to(device)
+
+
 def _program_block(block_module, ops):
     """A standalone copy of a block whose forward is the block program over ``ops``."""
     module = copy.deepcopy(block_module)
@@ -244,8 +265,9 @@ def provider_replay(model: Model, block: int, inputs: dict, device: str, mode: n
 
 
 def candidate_replay(model: Model, block: int, inputs: dict, device: str, candidate: Candidate) -> TapStore:
-    """The candidate installed into the whole transformer; its block ``block`` replayed."""
-    transformer = model.transformer.to(device)
+    """The candidate installed into the whole transformer (placed by :func:`alone_on_device`); its block ``block``
+    replayed."""
+    transformer = model.transformer
     with numerics.activate(numerics.PROVIDER), candidate.installed(transformer):
         store = replay(transformer.transformer_blocks[block], inputs, device)
     for name in store:
@@ -276,8 +298,8 @@ def _golden_of_capture(model, captured, hashing, device, block, timings, progres
 
 
 def freeze(model, contract, device, block, thresholds, variant_names=None, force_reason=None, progress=lambda m: None):
-    """Capture (frozen beside the bounds), then golden, provider and variants replays; the ensemble bounds of every
-    tap, frozen and locked with the capture."""
+    """Capture, then golden, provider and variants replays; the ensemble bounds of every tap, frozen and locked with
+    the capture written beside them."""
     device_class = bounds_mod.device_class(device)
     path = bounds_mod.bounds_path(thresholds, model.name, device_class, bounds_stem(block))
     bounds_mod.refuse_overwrite(path, force_reason)
@@ -286,16 +308,19 @@ def freeze(model, contract, device, block, thresholds, variant_names=None, force
     with timed(timings, "capture"):
         data = capture(model, contract, device, block)
         digest = sha256_bytes(data)
-        capture_file = capture_path(path)
-        write_atomic(capture_file, data)
-        captured, hashing = load_capture(capture_file, digest, block)
-    inputs, golden = _golden_of_capture(model, captured, hashing, device, block, timings, progress)
+        captured = safetensors_load(data)
+    hashing: Future = Future()  # the bytes were just made: nothing to check while golden replays
+    hashing.set_result(digest)
     modes = [numerics.PROVIDER] + [numerics.get(n, device) for n in (variant_names or [m.name for m in numerics.variants(device)])]
     errors = {}
-    for mode in modes:
-        progress(mode.name)
-        with timed(timings, mode.name):
-            errors[mode.name] = _errors(provider_replay(model, block, inputs, device, mode), golden)
+    with alone_on_device(model, block, device):
+        inputs, golden = _golden_of_capture(model, captured, hashing, device, block, timings, progress)
+        for mode in modes:
+            progress(mode.name)
+            with timed(timings, mode.name):
+                errors[mode.name] = _errors(provider_replay(model, block, inputs, device, mode), golden)
+        del inputs, golden
+    capture_file = capture_path(path)
     frozen = bounds_mod.frozen_by_ensemble(
         GATE,
         model,
@@ -304,6 +329,8 @@ def freeze(model, contract, device, block, thresholds, variant_names=None, force
         {"block": block, "capture_file": capture_file.name, "capture_sha256": digest, "contract": contract.to_json(),
          "timings_s": timings},
     )
+    # Written only now, with its bounds: a freeze that fails on the way leaves no capture that its lock lacks.
+    write_atomic(capture_file, data)
     bounds_mod.save(frozen, path, thresholds, force_reason, companions=[capture_file])
     return frozen
 
@@ -319,7 +346,13 @@ def check(model, candidate, contract, frozen, device, block, out_dir, progress=l
                                      "(--h3-freeze --h3-freeze-force=REASON)")
     progress("capture")
     captured, hashing = load_capture(capture_path(frozen.path), digest, block)
-    inputs, golden = _golden_of_capture(model, captured, hashing, device, block, timings, progress)
+    with alone_on_device(model, block, device):
+        return _check(model, candidate, frozen, device, block, out_dir, progress, diagnostics, timings, digest,
+                      _golden_of_capture(model, captured, hashing, device, block, timings, progress))
+
+
+def _check(model, candidate, frozen, device, block, out_dir, progress, diagnostics, timings, digest, replay) -> GateResult:
+    inputs, golden = replay
     # Taps stay on the device (a release block's are 19 GB per bf16 replay, 38 GB golden's): each replay is
     # reduced to its errors and ULP histograms before the next, so only golden's are held beside one replay's.
     progress("provider")
