@@ -313,5 +313,5 @@ def h3_gate(request, h3_session, record_property):
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     h3 = session.config.stash.get(SESSION_KEY, None)
-    if h3 is not None:
-        h3.finish()
+    if h3 is not None and not h3.finish():
+        session.exitstatus = pytest.ExitCode.INTERNAL_ERROR

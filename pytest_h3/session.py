@@ -181,21 +181,29 @@ class H3Session:
         except (bounds_mod.BoundsError, ValueError) as error:
             raise pytest.UsageError(str(error)) from None
 
-    def finish(self) -> None:
-        """Worker: hand the results to the controller. Otherwise: write results.json and the evidence."""
+    def finish(self) -> bool:
+        """Worker: hand the results to the controller. Otherwise: write results.json, then the evidence. False when
+        the evidence could not be written (the run then fails): the results of every gate that ran are kept first,
+        so hours of gates are never lost to the last step."""
         workeroutput = getattr(self.config, "workeroutput", None)
         if workeroutput is not None:
             workeroutput["h3"] = self.ledger.worker_output()
-            return
+            return True
         outcomes = self.ledger.final_outcomes()
         if self.freezing or not outcomes:
-            return
+            return True
+        from h3gate.gate_passes import one_line
         from pytest_h3.report import write_session_evidence
 
         results_path = self.out / "results.json"
         write_json(results_path, {"schema": "h3gate.results/1", "results": self.ledger.results})
         self.summary.append(f"results: {results_path}")
-        self.summary.append(f"evidence: {write_session_evidence(self, results_path, outcomes)}")
+        try:
+            self.summary.append(f"evidence: {write_session_evidence(self, results_path, outcomes)}")
+        except Exception as error:  # any cause: the run must not end green without its evidence
+            self.summary.append(f"evidence NOT written ({one_line(error)}); the results are kept in {results_path}")
+            return False
+        return True
 
     # Gates ----------------------------------------------------------------------------------------------
 

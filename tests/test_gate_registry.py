@@ -178,6 +178,27 @@ register(Gate("greedy", (SEEDS,), frozen_nothing="nothing to freeze", module_nam
     assert "Traceback" not in result.stdout.str() and "check_item" not in result.stdout.str()
 
 
+def test_evidence_that_cannot_be_written_fails_the_run_and_keeps_the_results(pytester, monkeypatch):
+    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("h3gate.evidence.write_evidence", disk_full)
+    pytester.makepyfile(greedy_gate=OOM_GATE, conftest='''
+from h3gate.gates import SEEDS, Gate, register
+
+register(Gate("greedy", (SEEDS,), frozen_nothing="nothing to freeze", module_name="greedy_gate"))
+''', test_greedy=TOY_TEST.replace('"toy", seeds=[1, 2]', '"greedy", seeds=[2]'))
+    pytester.syspathinsert()
+    result = pytester.runpytest("-p", "no:cacheprovider", "--h3-device=cpu", "--h3-candidate=provider", "-m", "gate")
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR
+    result.stdout.fnmatch_lines(["*evidence NOT written (OSError: [[]Errno 28[]] No space left on device); the results "
+                                 "are kept in h3-out/results.json*", "*1 passed*"])
+    results = json.loads((pytester.path / "h3-out" / "results.json").read_text())["results"]
+    assert [result["passed"] for result in results.values()] == [True]
+
+
 def test_the_toy_gates_size():
     """The whole of a new gate kind: its module and one registry line."""
     assert len(TOY_GATE.strip().splitlines()) < 50
