@@ -146,6 +146,24 @@ def test_a_candidate_returning_the_wrong_shape_is_named(tiny, tiny_contract, tin
         model_gate.check(tiny, short, tiny_contract, tiny_model_bounds, "cpu")
 
 
+def test_a_triton_error_in_a_candidate_is_named_and_running_out_of_memory_is_not_blamed_on_it(
+    tiny, tiny_contract, tiny_model_bounds
+):
+    from triton.runtime.errors import InterpreterError
+
+    def interpreter_error(module, x):
+        raise InterpreterError("ValueError('Cannot make_shape_compatible: incompatible dimensions at index 0')")
+
+    def out_of_memory(module, x):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.28 GiB")
+
+    crashing = _Broken("crashing", interpreter_error)
+    with pytest.raises(CandidateError, match=r"candidate crashing failed in the whole-model run: InterpreterError: "):
+        model_gate.check(tiny, crashing, tiny_contract, tiny_model_bounds, "cpu")
+    with pytest.raises(torch.OutOfMemoryError):
+        model_gate.check(tiny, _Broken("greedy", out_of_memory), tiny_contract, tiny_model_bounds, "cpu")
+
+
 WRITER = """
 import sys
 from h3gate.files import write_json

@@ -39,25 +39,29 @@ def run_taps(
     transformer.to(device)
     store = store if store is not None else taps.TapStore()
     installed = candidate.installed(transformer) if candidate is not None else contextlib.nullcontext()
-    try:
-        with numerics.activate(mode), installed:
-            taps.forward_backward(numerics.runner(mode, transformer), transformer, inputs, upstream, store, nodes, internal)
-    except CANDIDATE_FAILURES as error:
-        if candidate is None:
-            raise
-        raise failed(candidate, error) from error
+    with blamed_on(candidate), numerics.activate(mode), installed:
+        taps.forward_backward(numerics.runner(mode, transformer), transformer, inputs, upstream, store, nodes, internal)
     if candidate is not None:
         for name in store:
             check_finite(candidate, name, store[name])
     return store
 
 
-# What a candidate that crashes raises (a wrong shape, a kernel that refuses its input): it is named as the culprit.
-CANDIDATE_FAILURES = (RuntimeError, ValueError, TypeError, IndexError)
-
-
-def failed(candidate: Candidate, error: Exception) -> CandidateError:
-    return CandidateError(f"candidate {candidate.name} failed in the whole-model run: {type(error).__name__}: {error}")
+@contextlib.contextmanager
+def blamed_on(candidate: Candidate | None):
+    """A crash while ``candidate`` runs (a wrong shape, a kernel that refuses its input, a Triton compilation or
+    interpreter error) becomes a :class:`CandidateError` naming it; running out of GPU memory is the machine's
+    doing, not the candidate's, and passes unchanged, as does every error of a run without a candidate."""
+    try:
+        yield
+    except (CandidateError, torch.OutOfMemoryError):
+        raise
+    except Exception as error:
+        if candidate is None:
+            raise
+        raise CandidateError(
+            f"candidate {candidate.name} failed in the whole-model run: {type(error).__name__}: {error}"
+        ) from error
 
 
 def check_finite(candidate: Candidate, name: str, tensor: torch.Tensor) -> None:

@@ -58,9 +58,9 @@ from diffusers.models.modeling_utils import get_parameter_dtype
 
 from h3gate import numerics, taps
 from h3gate.block_program import PROVIDER_OPS, transformer_block_forward
-from h3gate.candidates import Candidate, CandidateError
+from h3gate.candidates import Candidate
 from h3gate.compare import compare
-from h3gate.measure import CANDIDATE_FAILURES, check_finite, failed, timed
+from h3gate.measure import blamed_on, check_finite, timed
 from h3gate.model import Model
 
 HEAD = ("norm_out", "proj_out", "audio_proj_out")  # the modules diffusers' forward runs after the block stack
@@ -109,15 +109,8 @@ class _Run:
     def scope(self):
         """The run's numerics mode and candidate for one step; a crash of the candidate names it."""
         installed = self.candidate.installed(self.transformer) if self.candidate is not None else contextlib.nullcontext()
-        try:
-            with numerics.activate(self.mode), installed:
-                yield
-        except CandidateError:
-            raise
-        except CANDIDATE_FAILURES as error:
-            if self.candidate is None:
-                raise
-            raise failed(self.candidate, error) from error
+        with blamed_on(self.candidate), numerics.activate(self.mode), installed:
+            yield
 
     def block(self, index: int) -> torch.nn.Module:
         block = self.blocks[index]
