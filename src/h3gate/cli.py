@@ -50,10 +50,12 @@ def _capture(args) -> int:
 
 
 def _candidates(args) -> int:
-    from h3gate.candidates import available
+    from h3gate.candidates import available, describe
 
-    for name in sorted(available()):
+    for name, factory in sorted(available().items()):
         print(name)
+        for line in describe(name, factory):
+            print(f"  {line}")
     return 0
 
 
@@ -116,7 +118,7 @@ def _contracts(args) -> int:
         print(f"wrote and locked {path}" + (f" (replaced: {args.replace})" if args.replace else ""))
     shown = None if args.thresholds == status.DEFAULT_THRESHOLDS else args.thresholds
     print("next, freeze the bounds (cheap gates first):")
-    for command in contract_defaults.freeze_commands(args.model, args.device or status.default_device(), shown):
+    for command in contract_defaults.freeze_commands(args.model, args.device or status.default_device(args.model), shown):
         print(f"  {command}")
     return 0
 
@@ -389,7 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     capture.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: from the device class folder)")
     capture.set_defaults(run=_capture)
 
-    candidates = commands.add_parser("candidates", help="list the registered candidates")
+    candidates = commands.add_parser("candidates", help="list the registered candidates (ops, supports and options where declared)")
     candidates.set_defaults(run=_candidates)
 
     lock = commands.add_parser(

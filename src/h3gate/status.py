@@ -24,7 +24,7 @@ import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from h3gate.presets import RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS, release_layers, release_name
+from h3gate.presets import LAYERS_VARIABLE, RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS, release_layers, release_name
 
 PRESENT = "present and locked"
 MISSING = "missing"
@@ -115,6 +115,8 @@ def num_layers(spec: str) -> int:
 def freeze_command(target: str, model: str, device: str, thresholds: str | Path | None = None, force: bool = False) -> str:
     """The exact command that freezes the bounds of the gate items ``target`` (a test file or node id) selects."""
     parts = ["pytest", target, "--h3-freeze", f"--h3-model={model}", f"--h3-device={device}"]
+    if model == RELEASE and release_layers() != RELEASE_CONFIG["num_layers"]:  # the partial model of this shell
+        parts.insert(0, f"{LAYERS_VARIABLE}={release_layers()}")
     if thresholds:
         parts.append(f"--h3-thresholds={thresholds}")
     if force:
@@ -134,7 +136,10 @@ def device_option(device_class: str) -> str:
     return "cpu" if device_class == "cpu" else "cuda"
 
 
-def default_device() -> str:
+def default_device(model: str | None = None) -> str:
+    """cuda when a GPU is visible, else cpu; always cuda for the release model, which is built on one."""
+    if model == RELEASE:
+        return "cuda"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
@@ -249,7 +254,7 @@ def status(thresholds: str | Path = DEFAULT_THRESHOLDS, model: str = "tiny", dev
 
     digest = digest or sha256_file
 
-    device = device or default_device()
+    device = device or default_device(model)
     device_class = device_class or device_class_of(device)
     shown = None if str(thresholds) == DEFAULT_THRESHOLDS else str(thresholds)
     root = Path(thresholds)
