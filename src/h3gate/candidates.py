@@ -11,9 +11,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import hashlib
+import importlib.metadata
+import inspect
+import sys
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 GROUP = "h3gate.candidates"
 _registered: dict[str, Callable[..., "Candidate"]] = {}
@@ -47,6 +51,11 @@ class Candidate:
     def kernel_ops(self) -> dict[str, Callable]:
         """The candidate's standalone ops for the kernel gate (name -> function); none by default."""
         return {}
+
+    def unclaimed(self, op: str, dtype: str) -> str | None:
+        """Why the kernel gate should not qualify ``op`` at ``dtype`` for this candidate (None: it claims it). A
+        candidate claims every op it offers by default, so one that offers the provider's op is held to it."""
+        return None
 
     @contextlib.contextmanager
     def installed(self, transformer):
@@ -120,14 +129,151 @@ class ProviderCandidate(Candidate):
 
 
 def source_digest(*roots: Path) -> str:
-    """sha256 over the relative paths and bytes of every ``.py`` file under ``roots``: a candidate's code identity."""
+    """sha256 over the relative paths and bytes of every ``.py`` file under ``roots`` (a root may be one module
+    file): a candidate's code identity."""
     digest = hashlib.sha256()
     for root in roots:
         root = Path(root)
-        for path in sorted(root.rglob("*.py")):
-            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+        paths = [root] if root.is_file() else sorted(root.rglob("*.py"))
+        for path in paths:
+            digest.update(path.relative_to(root.parent if root.is_file() else root).as_posix().encode() + b"\0")
             digest.update(path.read_bytes() + b"\0")
     return digest.hexdigest()
+
+
+def package_identity(fn: Callable) -> dict:
+    """The top-level package that defines ``fn``: its distribution (name and version, None when it is not installed
+    as one) and the source digest of the package, so a candidate's identity pins the code it installs."""
+    top = (getattr(inspect.unwrap(fn), "__module__", None) or "").partition(".")[0]
+    module = sys.modules.get(top)
+    path = getattr(module, "__file__", None)
+    if path is None:
+        raise CandidateError(f"op function {fn!r} comes from no importable module file; define it in a module")
+    root = Path(path).parent if Path(path).name == "__init__.py" else Path(path)
+    distributions = importlib.metadata.packages_distributions().get(top, [])
+    version = importlib.metadata.version(distributions[0]) if distributions else None
+    return {"package": top, "distribution": distributions[0] if distributions else None, "version": version,
+            "source_sha256": source_digest(root)}
+
+
+_PARSERS = {
+    bool: lambda text: {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}[text.lower()],
+    int: int,
+    float: float,
+    str: str,
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    """A typed option of a :func:`replace` candidate: given as ``name:key=value`` on the command line, parsed to
+    ``type`` (bool, int, float or str), listed with its help by ``h3gate candidates``."""
+
+    type: type
+    default: Any
+    help: str
+
+    def __post_init__(self):
+        if self.type not in _PARSERS:
+            raise TypeError(f"option type {self.type.__name__}: use one of bool, int, float, str")
+
+    def parse(self, candidate: str, key: str, text: str):
+        try:
+            return _PARSERS[self.type](text)
+        except (KeyError, ValueError):
+            raise CandidateError(
+                f"candidate {candidate!r} option {key}={text!r} is not a {self.type.__name__}: {self.help}"
+            ) from None
+
+
+SUPPORTS = ("dtypes",)
+
+
+def _check_ops(name: str, ops: dict) -> None:
+    from h3gate import op_registry
+
+    names = [op.name for op in op_registry.OPS]
+    unknown = sorted(set(ops) - set(names))
+    if unknown or not ops:
+        raise CandidateError(f"candidate {name!r} replaces unknown op(s) {unknown or 'none'}; ops: {', '.join(names)}")
+
+
+def _check_supports(name: str, supports: dict) -> None:
+    import torch
+
+    odd = sorted(set(supports) - set(SUPPORTS))
+    if odd:
+        raise CandidateError(f"candidate {name!r} declares unknown support key(s) {odd}; keys: {', '.join(SUPPORTS)}")
+    dtypes = supports.get("dtypes")
+    if dtypes is not None and (isinstance(dtypes, str) or not dtypes or not all(
+            isinstance(getattr(torch, d, None), torch.dtype) for d in dtypes)):
+        raise CandidateError(f"candidate {name!r} supports dtypes {dtypes!r}: give a list of torch dtype names, "
+                             "e.g. ['bfloat16', 'float32']")
+
+
+class Replacement:
+    """A candidate factory from a partial op table: what :func:`replace` returns, registered or named by an entry
+    point. Called with the spec's options (strings), it builds the candidate."""
+
+    def __init__(self, name: str, ops, supports: dict, options: dict[str, Option]):
+        if isinstance(ops, dict):
+            _check_ops(name, ops)
+        _check_supports(name, supports)
+        self.name, self.ops, self.supports, self.options = name, ops, dict(supports), dict(options)
+        self.__signature__ = inspect.Signature(
+            [inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=o.default) for key, o in options.items()]
+        )
+
+    def __call__(self, **given: str) -> "ReplacedCandidate":
+        values = {key: option.default for key, option in self.options.items()}
+        values.update({key: self.options[key].parse(self.name, key, text) for key, text in given.items()})
+        ops = self.ops(**values) if callable(self.ops) else self.ops
+        return ReplacedCandidate(self.name, ops, self.supports, values)
+
+    def describe(self) -> list[str]:
+        """What ``h3gate candidates`` prints under the name: ops, supports, options with their help."""
+        ops = ", ".join(self.ops) if isinstance(self.ops, dict) else "chosen by its options"
+        supports = "; ".join(f"{key}={'+'.join(value)}" for key, value in self.supports.items()) or "everything"
+        lines = [f"ops: {ops}", f"supports: {supports}"]
+        lines += [f"option {key} ({o.type.__name__}, default {o.default!r}): {o.help}" for key, o in self.options.items()]
+        return lines
+
+
+class ReplacedCandidate(ProgramCandidate):
+    """The provider with some ops replaced: the kernel gate qualifies those ops only, at the dtypes declared."""
+
+    def __init__(self, name: str, ops: dict, supports: dict, options: dict):
+        from h3gate.provider_ops import OPS as PROVIDER
+
+        _check_ops(name, ops)
+        super().__init__({**PROVIDER, **ops}, name=name)
+        self.replaced, self.supports, self.options = dict(ops), supports, options
+
+    def identity(self) -> dict:
+        packages = {}
+        for fn in self.replaced.values():
+            found = package_identity(fn)
+            packages[found["package"]] = found
+        return {**super().identity(), "replaced_ops": sorted(self.replaced), "supports": self.supports,
+                "options": self.options, "packages": [packages[key] for key in sorted(packages)]}
+
+    def unclaimed(self, op: str, dtype: str) -> str | None:
+        if op not in self.replaced:
+            return f"not claimed: candidate {self.name} does not replace {op} (the provider's op runs)"
+        if dtype not in self.supports.get("dtypes", (dtype,)):
+            return f"not claimed: candidate {self.name} supports {op} in {'+'.join(self.supports['dtypes'])} only"
+        return None
+
+
+def replace(name: str, ops, *, supports: dict | None = None, options: dict[str, Option] | None = None) -> Replacement:
+    """A candidate that replaces some ops of the provider (:mod:`h3gate.op_registry`) and keeps the rest.
+
+    ``ops`` maps op names to functions in the registry's signatures, or is a function of the typed ``options``
+    returning that map; ``supports={"dtypes": ("bfloat16",)}`` says where the kernels apply, so the kernel gate
+    qualifies exactly that. Register the result (:func:`register`) or name it by an ``h3gate.candidates`` entry
+    point; its identity pins the distribution, version and source of every package whose functions it installs.
+    """
+    return Replacement(name, ops, supports or {}, options or {})
 
 
 def register(name: str, factory: Callable[..., Candidate]) -> None:
@@ -158,15 +304,22 @@ def parse_spec(spec: str) -> tuple[str, dict[str, str]]:
     return name, options
 
 
+def _target(name: str, factory):
+    """What the factory of ``name`` calls: the loaded entry point, or the registered factory itself."""
+    entry = next((ep for ep in entry_points(group=GROUP) if ep.name == name), None)
+    return entry.load() if name not in _registered and entry is not None else factory
+
+
+def describe(name: str, factory) -> list[str]:
+    """Lines about candidate ``name`` for ``h3gate candidates`` (ops, supports, options), where it can say them."""
+    target = _target(name, factory)
+    return target.describe() if isinstance(target, Replacement) else []
+
+
 def _require_options(name: str, factory, options: dict) -> None:
     """Options the candidate does not take are a usage error naming the ones it does, not a TypeError from deep
     inside its constructor."""
-    import inspect
-
-    target = factory
-    entry = next((ep for ep in entry_points(group=GROUP) if ep.name == name), None)
-    if name not in _registered and entry is not None:
-        target = entry.load()
+    target = _target(name, factory)
     try:
         signature = inspect.signature(target)
     except (TypeError, ValueError):  # a callable without an inspectable signature: it says for itself
