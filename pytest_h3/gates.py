@@ -19,6 +19,10 @@ from h3gate.verdict import GateResult
 from pytest_h3 import distribution
 
 
+# An item's reason when the candidate does not claim it: the item is skipped, and the ledger records it as such.
+NOT_CLAIMED = pytest.StashKey[str]()
+
+
 def run(item) -> GateResult:
     """The item's result; a gate that runs out of GPU memory fails in one line, with that memory given back."""
     import torch
@@ -90,6 +94,9 @@ def _check(item, gate: registry.Gate, gate_run: registry.GateRun) -> GateResult:
         return item.missing_bounds(error)
     except registry.ItemError as error:
         raise pytest.UsageError(f"{item.node.nodeid}: {error}") from None
+    except registry.NotClaimed as error:
+        item.node.stash[NOT_CLAIMED] = str(error)
+        pytest.skip(str(error))
 
 
 def _wait_for(item, required: str, gate_run: registry.GateRun) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from h3gate.profiles import Outcome
 
-_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+_RANK = {"passed": 0, "not_claimed": 1, "skipped": 1, "failed": 2, "error": 3}
 
 
 class Ledger:
@@ -54,7 +54,7 @@ class Ledger:
         if crashed:
             outcome = "error"
         elif report.when == "call":
-            outcome = report.outcome
+            outcome = "not_claimed" if report.skipped and gate.get("not_claimed") else report.outcome
         elif report.skipped:
             outcome = "skipped"
         elif report.failed:

@@ -205,6 +205,10 @@ def pytest_runtest_makereport(item, call):
     report = yield
     gate = gate_of(item)
     if gate is not None:
+        from pytest_h3.gates import NOT_CLAIMED
+
+        if report.when == "call" and NOT_CLAIMED in item.stash:
+            gate = {**gate, "not_claimed": True}
         report.h3_gate = gate  # rides to the xdist controller with the report
         if gate["gate"] in registry.required():
             _record_unrun(item, gate["gate"], report)

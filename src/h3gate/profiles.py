@@ -10,6 +10,11 @@ PASSED, WARNED and FAILED, so its ``result`` reads FAILED for an incomplete run 
 and WARNED would say it passed with remarks), and crashed items are among its ``failedTests``; the verdict itself
 lives in the tool's own predicate fields. Passes with non-discriminating bounds are listed as warned and still
 give PASSED.
+
+An item the candidate does not claim (``not_claimed``: a kernel-gate op it leaves to the provider, a dtype it does
+not support) is neither passed nor a gap: it is in no list of the test-result predicate, the completeness names it,
+and a required gate of which the candidate claims no item at all leaves the run incomplete. The ops it leaves to
+the provider still run in the block, model and generation gates, which judge the candidate as a whole.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PASSED, FAILED, INCOMPLETE = "PASSED", "FAILED", "INCOMPLETE"
-OUTCOMES = ("passed", "failed", "skipped", "deselected", "error")
+OUTCOMES = ("passed", "failed", "skipped", "deselected", "error", "not_claimed")
 
 
 @dataclass(frozen=True)
@@ -105,7 +110,7 @@ def verdict(test: dict) -> str:
     """passed, warned or failed when the gate reached a verdict; else skipped, deselected or crashed. A pytest
     failure counts as failed even where the gate's checks passed: the test asserted more than the gate."""
     outcome, result = test["outcome"], test["result"]
-    if outcome in ("skipped", "deselected"):
+    if outcome in ("skipped", "deselected", "not_claimed"):
         return outcome
     if outcome == "error" or result is None:
         return "crashed"
@@ -118,7 +123,9 @@ def verdict(test: dict) -> str:
 
 def completeness(tests: dict[str, dict], required: Profile) -> dict:
     """Whether every required gate reached a verdict. A crashed item of any gate leaves the run incomplete:
-    its verdict is unknown. A skipped or deselected item matters only where the profile requires its gate."""
+    its verdict is unknown. A skipped or deselected item matters only where the profile requires its gate; items
+    not claimed are listed (``not_claimed``, a key present only where there are some, so evidence written before it
+    existed still verifies)."""
     verdicts = {nodeid: verdict(test) for nodeid, test in tests.items()}
     problems = [
         f"{nodeid}: crashed without a gate verdict" for nodeid in sorted(tests) if verdicts[nodeid] == "crashed"
@@ -130,7 +137,10 @@ def completeness(tests: dict[str, dict], required: Profile) -> dict:
         for nodeid in matching:
             if verdicts[nodeid] in ("skipped", "deselected"):
                 problems.append(f"{requirement.label()}: {nodeid} was {verdicts[nodeid]}")
-    return {"complete": not problems, "problems": problems}
+        if matching and all(verdicts[nodeid] == "not_claimed" for nodeid in matching):
+            problems.append(f"{requirement.label()}: the candidate claims none of its items")
+    not_claimed = sorted(nodeid for nodeid, found in verdicts.items() if found == "not_claimed")
+    return {"complete": not problems, "problems": problems, **({"not_claimed": not_claimed} if not_claimed else {})}
 
 
 def tally(tests: dict[str, dict], required: Profile) -> dict:

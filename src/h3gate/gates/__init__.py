@@ -12,7 +12,8 @@ A gate is a module ``h3gate.gates.<name>`` (or any module a :class:`Gate` entry 
 - ``freeze_item(run)``, unless the gate's entry says why it has nothing to freeze: measure the provider
   configurations and freeze the bounds file of ``run``'s item (written and locked);
 - ``check_item(run, bounds) -> GateResult``: qualify ``run.candidate`` against them (bounds None where the gate has
-  no file); :class:`ItemError` for params that do not fit the frozen files.
+  no file); :class:`ItemError` for params that do not fit the frozen files; :class:`NotClaimed` for an item the
+  candidate does not claim (an op it leaves to the provider, a dtype it does not support).
 
 Adding a gate kind is one such module and one line in :data:`REGISTRY` (or :func:`register` from outside). The
 plugin's runner, the power gate, the CLI and ``h3gate status`` iterate the registry. Importing this package imports
@@ -31,6 +32,11 @@ from typing import Any, Callable
 class ItemError(ValueError):
     """An item whose params do not fit the frozen files it reads (a seed that is not its contract's): a usage
     error of the test that made it."""
+
+
+class NotClaimed(Exception):
+    """An item outside what the candidate claims: recorded as ``not_claimed``, neither a pass nor a gap
+    (:mod:`h3gate.profiles`), so a candidate that replaces one op is judged on that op."""
 
 
 @dataclass(frozen=True)

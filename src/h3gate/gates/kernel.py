@@ -416,7 +416,20 @@ def bounds_file(run) -> None:
 
 
 def check_item(run, _bounds) -> GateResult:
-    dtypes = (run.params["dtype"],) if "dtype" in run.params else tuple(DTYPES)
+    import dataclasses
+
+    from h3gate.gates import NotClaimed
+
+    op = run.params["op"]
+    asked = (run.params["dtype"],) if "dtype" in run.params else tuple(DTYPES)
+    reasons = [run.candidate.unclaimed(op, dtype) for dtype in asked]
+    dtypes = tuple(dtype for dtype, reason in zip(asked, reasons) if reason is None)
+    if not dtypes:
+        raise NotClaimed(reasons[0])
     with run.progress(None) as bar:
-        return check(run.candidate, run.params["op"], run.device, dtypes=dtypes, max_examples=run.kernel_examples,
-                     shrink=run.kernel_shrink, progress=bar.step)
+        result = check(run.candidate, op, run.device, dtypes=dtypes, max_examples=run.kernel_examples,
+                       shrink=run.kernel_shrink, progress=bar.step)
+    # The item's own params, whatever dtypes the candidate left out of them, which its evidence names.
+    unclaimed = {dtype: reason for dtype, reason in zip(asked, reasons) if reason is not None}
+    context = {**result.context, "not_claimed": unclaimed} if unclaimed else result.context
+    return dataclasses.replace(result, params=dict(run.params), context=context)
