@@ -88,6 +88,21 @@ def test_each_mutant_changes_its_op():
         assert differs, f"{mutant.name} computes exactly what its base computes"
 
 
+def test_kernel_gate_always_runs_the_tile_edges():
+    """Besides its draws and the block layout, every search runs the edge examples: batch 2, odd widths, partial
+    last tiles, the last AdaLN table row alone on its row."""
+    spec = kernel_gate.OP_SPECS["gated_residual"]
+    edges = kernel_gate.edge_examples(spec, kernel_gate.INTERPRETER_LIMITS)
+    assert [e["rows"] for e in edges] == [129, 131, 255] and all(e["batch"] == 2 and e["c"] % 2 for e in edges)
+    built = spec.build(edges[0], torch.float32, torch.Generator().manual_seed(0))
+    idx = built["args"]["idx"]
+    assert idx[-1] == edges[0]["table_rows"] - 1 and (idx[:-1] < idx[-1]).all()
+    result = kernel_gate.check(ProviderCandidate(), "gated_residual", "cpu", dtypes=("float32",), max_examples=1)
+    assert result.passed and result.metrics["examples"] == 1 + len(spec.examples) + len(edges)
+    gpu = kernel_gate.edge_examples(kernel_gate.OP_SPECS["linear"], kernel_gate.GPU_LIMITS)
+    assert gpu[-1]["rows"] == gpu[-1]["k"] >= 8192, "long reductions run on the GPU"
+
+
 def test_kernel_gate_of_one_dtype_says_so_and_checks_only_it():
     result = kernel_gate.check(ProviderCandidate(), "swiglu", "cpu", dtypes=("float32",), max_examples=1)
     assert result.params == {"op": "swiglu", "dtype": "float32"}

@@ -116,3 +116,24 @@ def test_autotune_setting_is_zero_or_one(value, ok):
         assert run.returncode == 0 and run.stdout.strip() == str(value == "1"), run.stderr
     else:
         assert run.returncode != 0 and "set it to 1" in run.stderr
+
+
+def test_kernel_gate_edge_lengths_reach_every_tile_edge():
+    """The gate's edge examples leave a last tile of one row, three rows and all but one row for every tile size
+    our kernels run here (tuned configs on a GPU, the interpreter's tiles under it, and the row tiles of the
+    whole-row kernels at the edge widths)."""
+    from h3_triton.rowreduce import full_row_tiling
+    from h3gate.gates.kernel import GPU_LIMITS, INTERPRETER_LIMITS, edge_lengths
+
+    limits = INTERPRETER_LIMITS if INTERPRET else GPU_LIMITS
+    if INTERPRET:
+        sizes = {v for launcher in LAUNCHERS for k, v in launcher.interpreter.items() if k.startswith("BLOCK_")}
+    else:
+        sizes = {v for launcher in LAUNCHERS for tilings in launcher.tilings.values() for config in tilings
+                 for k, v in config.kwargs.items() if k.startswith("BLOCK_")}
+    sizes |= {full_row_tiling(w, "edge").rows for w in edge_lengths(limits.max_width, limits.largest_tile)}
+    assert all(s & (s - 1) == 0 and s <= limits.largest_tile for s in sizes), sorted(sizes)
+    assert limits.largest_tile in sizes, "the largest tile is one in use"
+    lengths = edge_lengths(limits.max_rows, limits.largest_tile)
+    for tile in sizes:
+        assert [n % tile for n in lengths] == [1 % tile, 3 % tile, tile - 1], (tile, lengths)

@@ -9,7 +9,9 @@ NaN-filled buffers (padding NaN must never reach an output or gradient).
 
 hypothesis draws the shapes (ragged sequence lengths, non-power-of-two widths, all head dims, random row
 tables): it explores edges a hand-written list misses, shrinks a failure to its smallest shape, and
-replays deterministically with ``derandomize=True`` so a failure in CI reproduces anywhere.
+replays deterministically with ``derandomize=True`` so a failure in CI reproduces anywhere. Derandomized, it
+meets the same few shapes every run, so every search also runs :func:`edge_examples`: partial last tiles of
+every tile size in use, odd widths, batch 2, the last AdaLN table row, and on a GPU long reductions.
 """
 
 from __future__ import annotations
@@ -38,10 +40,14 @@ class Limits:
     max_rows: int
     max_width: int
     max_heads: int
+    # The largest tile a kernel of ours runs along a row or reduction axis; tiles are powers of two
+    # (tests/kernels/test_tilings.py checks both against h3_triton's launchers).
+    largest_tile: int
+    long_reduction: int = 0  # a reduction length where accumulation errors show; 0: none (too slow to interpret)
 
 
-GPU_LIMITS = Limits(max_rows=600, max_width=1000, max_heads=4)
-INTERPRETER_LIMITS = Limits(max_rows=600, max_width=200, max_heads=2)
+GPU_LIMITS = Limits(max_rows=600, max_width=1000, max_heads=4, largest_tile=256, long_reduction=8193)
+INTERPRETER_LIMITS = Limits(max_rows=600, max_width=200, max_heads=2, largest_tile=128)
 
 
 @dataclass(frozen=True)
@@ -53,6 +59,9 @@ class OpSpec:
     build: Callable[[dict, torch.dtype, torch.Generator], dict]  # -> {"args": [...], "grads": [arg names]}
     # Shapes every search runs first, whatever it draws: the MiniMax-H3 block's own layout at a ragged length.
     examples: tuple[dict, ...] = ()
+    # Dims that :func:`edge_examples` sets to tile-edge lengths, and those it sets to a long reduction.
+    edges: tuple[str, ...] = ()
+    long: tuple[str, ...] = ()
 
 
 def _normal(shape, generator, scale=1.0):
@@ -63,6 +72,38 @@ def _rows(limits: Limits):
     # Ragged lengths everywhere, with the tile edges (multiples of 16/32/64/128 and one past) drawn often.
     edges = st.sampled_from([1, 2, 15, 16, 17, 31, 33, 63, 64, 65, 127, 129, 255, 257])
     return st.one_of(edges, st.integers(1, limits.max_rows)).filter(lambda s: s <= limits.max_rows)
+
+
+def edge_lengths(limit: int, largest_tile: int) -> tuple[int, ...]:
+    """Lengths leaving a last tile of one row, of three rows and of all but one row, for every tile size in use.
+
+    Tiles are powers of two, so one tile ``P`` (the largest in use that fits ``2P - 1`` in ``limit``) serves all
+    smaller ones too: ``P + e`` leaves ``e`` (mod ``T``) rows for every tile ``T <= P``."""
+    tile = min(largest_tile, 1 << ((limit + 1) // 2).bit_length() - 1)
+    return tile + 1, tile + 3, 2 * tile - 1
+
+
+def edge_examples(spec: "OpSpec", limits: Limits) -> list[dict]:
+    """The op's first example with its ``edges`` dims at each of :func:`edge_lengths` (not powers of two), batch 2,
+    one head and the last row alone on the last AdaLN table row; with a ``long_reduction`` also its ``long`` dims
+    at that length."""
+    first = spec.examples[0]
+    # One head: the block layout example runs several; the edges are about lengths, batch and table rows.
+    batch = {k: v for k, v in (("batch", 2), ("heads", 1)) if k in first}
+    base = {**first, **batch, **({"last_row_alone": True} if "table_rows" in first else {})}
+    lengths = {k: edge_lengths(limits.max_rows if k == "rows" else limits.max_width, limits.largest_tile) for k in spec.edges}
+    out = [{**base, **{k: lengths[k][i] for k in spec.edges}} for i in range(3)]
+    long = [{**base, **dict.fromkeys(spec.long, limits.long_reduction)}] if limits.long_reduction and spec.long else []
+    return out + long
+
+
+def _table_rows(d, g):
+    """Per packed row, its AdaLN table row; with ``last_row_alone`` the last row is the only one on the last table row."""
+    top = d["table_rows"] - 1 if d.get("last_row_alone") and d["table_rows"] > 1 else d["table_rows"]
+    idx = torch.randint(0, top, (d["rows"],), generator=g)
+    if top < d["table_rows"]:
+        idx[-1] = top
+    return idx
 
 
 def _width(limits: Limits, multiple: int = 1, least: int = 1):
@@ -131,7 +172,7 @@ def _rms_build(d, dtype, g):
         "eps": 1e-5,
         "scale": _table(d, g, 0.5) if d["modulated"] else None,
         "shift": _table(d, g, 0.5) if d["modulated"] else None,
-        "idx": torch.randint(0, d["table_rows"], (d["rows"],), generator=g) if d["modulated"] else None,
+        "idx": _table_rows(d, g) if d["modulated"] else None,
     }
     grads = ["x", "weight"] + (["scale", "shift"] if d["modulated"] else [])
     return {"args": args, "grads": grads, "dtypes": {}}
@@ -200,7 +241,7 @@ def _residual_build(d, dtype, g):
         "residual": _normal(shape, g, 2.0),
         "y": _normal(shape, g),
         "gate": _table(d, g, 1.0) if d["modulated"] else None,
-        "idx": torch.randint(0, d["table_rows"], (d["rows"],), generator=g) if d["modulated"] else None,
+        "idx": _table_rows(d, g) if d["modulated"] else None,
     }
     return {"args": args, "grads": ["residual", "y"] + (["gate"] if d["modulated"] else []), "dtypes": {}}
 
@@ -211,24 +252,31 @@ _DRAWS = {
         # and a deep reduction, where an accumulator that rounds between K steps drifts visibly
         examples=({"rows": 467, "k": 192, "n": 96, "bias": False, "batched": True},
                   {"rows": 33, "k": 2048, "n": 48, "bias": True, "batched": False}),
+        edges=("rows", "k", "n"), long=("rows", "k"),  # the weight gradient reduces over the rows
     ),
-    "silu_linear": dict(dims=_silu_linear_dims, build=_silu_linear_build, examples=({"t": 3, "e": 32, "n": 1152},)),
+    "silu_linear": dict(dims=_silu_linear_dims, build=_silu_linear_build, examples=({"t": 3, "e": 32, "n": 1152},),
+                        edges=("e",), long=("e",)),
     "rms_norm_modulate": dict(
         dims=_table_dims, build=_rms_build,
         examples=({"rows": 467, "c": 64, "table_rows": 6, "batch": 1, "modulated": True, "magnitude": 3.0},),
+        edges=("rows", "c"),
     ),
     "qk_norm_rope": dict(
         dims=_rope_dims, build=_rope_build,
         examples=({"rows": 467, "heads": 2, "head_dim": 32, "freq": 4, "rope": True, "batch": 1, "magnitude": 2.0},),
+        edges=("rows",),
     ),
     "attention": dict(
         dims=_attention_dims, build=_attention_build,
         examples=({"rows": 467, "heads": 2, "head_dim": 32, "batch": 1, "peak": 2.0},),
+        edges=("rows",), long=("rows",),
     ),
-    "swiglu": dict(dims=_swiglu_dims, build=_swiglu_build, examples=({"rows": 467, "f": 128, "batch": 1},)),
+    "swiglu": dict(dims=_swiglu_dims, build=_swiglu_build, examples=({"rows": 467, "f": 128, "batch": 1},),
+                   edges=("rows", "f")),
     "gated_residual": dict(
         dims=_table_dims, build=_residual_build,
         examples=({"rows": 467, "c": 64, "table_rows": 6, "batch": 1, "modulated": True, "magnitude": 1.0},),
+        edges=("rows", "c"),
     ),
 }
 OP_SPECS = {op.name: OpSpec(op, **draws) for op, draws in op_registry.keyed(_DRAWS, "the kernel gate's input draws")}
@@ -387,7 +435,7 @@ def check(
                 raise KernelMismatch(bad[0].line())
             keep(checks)
 
-        for explicit in spec.examples:
+        for explicit in (*spec.examples, *edge_examples(spec, limits)):
             search = example(dims=explicit, seed=0)(search)
         try:
             search()
