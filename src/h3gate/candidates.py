@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import hashlib
 import importlib.metadata
 import inspect
@@ -142,8 +143,9 @@ def source_digest(*roots: Path) -> str:
 
 
 def package_identity(fn: Callable) -> dict:
-    """The top-level package that defines ``fn``: its distribution (name and version, None when it is not installed
-    as one) and the source digest of the package, so a candidate's identity pins the code it installs."""
+    """The top-level package that defines ``fn`` (followed through ``__wrapped__``, which an adapter of another
+    package's function sets): its distribution (name and version, None when it is not installed as one) and the
+    source digest of the package, so a candidate's identity pins the code it installs."""
     top = (getattr(inspect.unwrap(fn), "__module__", None) or "").partition(".")[0]
     module = sys.modules.get(top)
     path = getattr(module, "__file__", None)
@@ -249,13 +251,18 @@ class ReplacedCandidate(ProgramCandidate):
         super().__init__({**PROVIDER, **ops}, name=name)
         self.replaced, self.supports, self.options = dict(ops), supports, options
 
-    def identity(self) -> dict:
-        packages = {}
+    @functools.cached_property
+    def packages(self) -> list[dict]:
+        """The packages of the installed functions, digested once (a large package's source takes a second)."""
+        found = {}
         for fn in self.replaced.values():
-            found = package_identity(fn)
-            packages[found["package"]] = found
+            package = package_identity(fn)
+            found[package["package"]] = package
+        return [found[key] for key in sorted(found)]
+
+    def identity(self) -> dict:
         return {**super().identity(), "replaced_ops": sorted(self.replaced), "supports": self.supports,
-                "options": self.options, "packages": [packages[key] for key in sorted(packages)]}
+                "options": self.options, "packages": self.packages}
 
     def unclaimed(self, op: str, dtype: str) -> str | None:
         if op not in self.replaced:
