@@ -52,3 +52,15 @@ def test_compare_reports_everything():
 def test_all_zero_flags():
     metrics = compare(torch.zeros(4), torch.ones(4))
     assert metrics["all_zero"] and not metrics["reference_all_zero"]
+
+
+def test_bias_is_the_error_signed_along_the_reference():
+    from h3gate.compare import bias
+
+    ref = torch.randn(10_000, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    scaled, spread = bias(ref * 1.001, ref)
+    assert abs(scaled - 1e-3) < 1e-12 and spread < 1e-5, "a scaling is a bias though ref's mean is about zero"
+    assert bias(ref, ref) == (0.0, 0.0) and bias(ref, torch.zeros_like(ref)) == (0.0, 0.0)
+    noise = ref + 1e-3 * torch.randn(10_000, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    value, spread = bias(noise, ref)
+    assert abs(value) < 5 * spread and 1e-6 < spread < 1e-4, "unbiased noise stays within a few standard errors"

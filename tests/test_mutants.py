@@ -123,6 +123,19 @@ def test_kernel_gate_gates_no_relative_error_of_a_reference_that_is_rounding_res
     assert not grad_q.passed, grad_q.line()
 
 
+def test_kernel_gate_bias_passes_the_provider_and_catches_a_truncating_store():
+    """A store that truncates is within 2 x torch's error + 2 ULP in relative L2 and max abs (half an ULP on average),
+    but its error is one-sided; rounding to nearest, torch's own, is not."""
+    provider = kernel_gate.check(ProviderCandidate(), "swiglu", "cpu", max_examples=2, shrink=False)
+    assert provider.passed and any(c.kind == "bias" for c in provider.checks), provider.summary()
+    spec = kernel_gate.OP_SPECS["swiglu"]
+    dims = kernel_gate.edge_examples(spec, kernel_gate.INTERPRETER_LIMITS)[0]
+    truncated = MUTANTS["swiglu-output-truncated"].wrap(ProviderCandidate().kernel_ops()["swiglu"])
+    checks = kernel_gate.evaluate(spec, truncated, dims, torch.bfloat16, "cpu", seed=0)
+    failed = {(c.detail["output"], c.kind) for c in checks if not c.passed}
+    assert failed == {("out", "bias")}, [c.line() for c in checks]
+
+
 def test_kernel_gate_of_one_dtype_says_so_and_checks_only_it():
     result = kernel_gate.check(ProviderCandidate(), "swiglu", "cpu", dtypes=("float32",), max_examples=1)
     assert result.params == {"op": "swiglu", "dtype": "float32"}

@@ -1,4 +1,4 @@
-"""Compare a tensor with its reference: relative L2, max abs, ULP distances, non-finite counts.
+"""Compare a tensor with its reference: relative L2, max abs, bias, ULP distances, non-finite counts.
 
 relative_l2 = ||x - ref|| / ||ref|| with both norms accumulated in float64, so the metric itself adds no
 error at any tensor size. ULP distances are measured in ``x``'s own dtype after rounding the reference to
@@ -46,6 +46,26 @@ def relative_l2(x: torch.Tensor, ref: torch.Tensor) -> float:
 def max_abs(x: torch.Tensor, ref: torch.Tensor) -> float:
     """max |x - ref| in float64; 0 for empty tensors."""
     return max(((x64 - ref64).abs().max().item() for x64, ref64 in _chunks(x, ref) if x64.numel()), default=0.0)
+
+
+def bias(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
+    """``(bias, standard error)``: the mean of the error signed along the reference, ``mean((x - ref) * sign(ref))``,
+    over the reference's mean magnitude, and that mean's standard error on the same scale; ``(0, 0)`` where the
+    reference is zero or empty.
+
+    Rounding to nearest errs either way, so its bias is a few standard errors at most; a scaling or truncation bug
+    errs one way, so its bias stands out however small against relative L2. Signed along the reference, so that
+    magnitudes too large (positive) or too small (negative) do not cancel over a zero-mean tensor."""
+    sums = torch.zeros(4, dtype=torch.float64)
+    for x64, ref64 in _chunks(x, ref):
+        along = (x64 - ref64) * ref64.sign()
+        sums += torch.stack([along.sum(), along.square().sum(), ref64.abs().sum(), torch.tensor(float(along.numel()))]).cpu()
+    total, squares, magnitude, n = sums.tolist()
+    if magnitude == 0.0:
+        return 0.0, 0.0
+    mean = total / n
+    spread = math.sqrt(max(squares / n - mean * mean, 0.0) / n)
+    return mean / (magnitude / n), spread / (magnitude / n)
 
 
 def _ordered(bits: torch.Tensor, width: int) -> torch.Tensor:

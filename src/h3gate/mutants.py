@@ -199,6 +199,27 @@ def weight_grad_missing_tile(linear):
     return broken
 
 
+def _toward_zero(t: torch.Tensor) -> torch.Tensor:
+    """``t`` as a truncating store leaves it: where truncation and rounding to nearest differ (about every other
+    value), the value one ULP nearer zero; here every other element, so that runs stay deterministic."""
+    ints = {torch.bfloat16: torch.int16, torch.float16: torch.int16, torch.float32: torch.int32}
+    if t.dtype not in ints:
+        return t
+    bits = t.contiguous().view(ints[t.dtype])  # one less on the magnitude bits is one ULP toward zero, either sign
+    every_other = torch.arange(t.numel(), device=t.device).view(t.shape) % 2 == 0
+    return torch.where(every_other & (t != 0), (bits - 1).view(t.dtype), t)
+
+
+def output_truncated(op):
+    """An output stored by truncation instead of rounding to nearest: magnitudes biased low by half an ULP."""
+
+    def broken(*args, **kwargs):
+        out = op(*args, **kwargs)
+        return out + (_toward_zero(out.detach()) - out.detach())  # exact: the difference is one ULP or none
+
+    return broken
+
+
 MUTANTS = {
     m.name: m
     for m in (
@@ -217,6 +238,8 @@ MUTANTS = {
         Mutant("swiglu-halves-swapped", "swiglu", ("kernel", "block", "model"), swiglu_halves_swapped),
         Mutant("gemm-bf16-accumulate", "linear", ("kernel",), gemm_bf16_accumulate),
         Mutant("weight-grad-missing-tile", "linear", ("kernel", "block", "model"), weight_grad_missing_tile),
+        # Within 2 x torch's + 2 ULP in relative L2 and max abs; only the kernel gate's bias check sees it.
+        Mutant("swiglu-output-truncated", "swiglu", ("kernel",), output_truncated),
     )
 }
 

@@ -3,7 +3,9 @@
 Rule, in the spirit of flash-attention's own tests: against a float64 torch reference computed from the same
 (rounded) inputs, the candidate's error may be at most 2 x the error of torch's own op at the same precision plus a noise floor of two ULP
 at the reference's magnitude — checked both as relative L2 (the error everywhere) and as max abs (the
-error of the worst element, which a bug confined to a few rows or one tile cannot hide from). No fixed
+error of the worst element, which a bug confined to a few rows or one tile cannot hide from) - and for the
+mean error signed along the reference, its bias, at most 2 x torch's plus a few of its own standard errors
+(a scaling or truncation bug errs one way by less than an ULP, which no bound on the error's size sees). No fixed
 atol: the floor scales with the reference. Also per op: two runs bitwise equal, and inputs carved out of
 NaN-filled buffers (padding NaN must never reach an output or gradient).
 
@@ -24,12 +26,14 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
 from h3gate import numerics, op_registry
-from h3gate.compare import max_abs, relative_l2
+from h3gate.compare import bias, max_abs, relative_l2
 from h3gate.verdict import Check, GateResult
 
 GATE = "kernel"
 ERROR_FACTOR = 2.0
 FLOOR_ULPS = 2.0
+# Standard errors of its own a candidate's bias may reach beyond torch's: rounding noise stays within a few.
+BIAS_SIGMAS = 5.0
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -370,6 +374,10 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
         if peak > noise:
             rel_bound = ERROR_FACTOR * torch_rel + FLOOR_ULPS * eps
             checks.append(Check(where, "relative_l2", cand_rel, rel_bound, cand_rel <= rel_bound, {**key, "torch_error": torch_rel}))
+            (cand_bias, spread), (torch_bias, _) = bias(got, ref), bias(torch_low[name], ref)
+            bias_bound = ERROR_FACTOR * abs(torch_bias) + BIAS_SIGMAS * spread + FLOOR_ULPS * eps / ref.numel() ** 0.5
+            checks.append(Check(where, "bias", abs(cand_bias), bias_bound, abs(cand_bias) <= bias_bound,
+                                {**key, "torch_error": torch_bias, "signed": cand_bias}))
         checks.append(Check(where, "max_abs", cand_abs, abs_bound, cand_abs <= abs_bound, {**key, "torch_error": torch_abs}))
     return checks
 
