@@ -1,0 +1,1 @@
+"""An RMSNorm kernel package and its pytest-h3 candidate (``candidate.py``)."""

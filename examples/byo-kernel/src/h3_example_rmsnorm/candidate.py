@@ -1,0 +1,33 @@
+"""The candidate: the kernel in the place of the provider's ``rms_norm_modulate``; every other op stays diffusers'.
+
+The adapter speaks the op's signature (``h3gate.op_registry``: ``rms_norm_modulate(x, weight, eps, scale=None,
+shift=None, idx=None)``) and leaves the AdaLN modulation to torch, as the kernel only normalises. It declares the
+dtype the kernel is written for (bfloat16, the blocks' precision), so the kernel gate qualifies it there and reports
+its float32 items, like those of the ops it leaves to the provider, as not claimed.
+"""
+
+from h3gate.candidates import Option, replace
+
+from h3_example_rmsnorm.kernel import rms_norm
+
+
+def _ops(modulate_in_float32: bool) -> dict:
+    def rms_norm_modulate(x, weight, eps, scale=None, shift=None, idx=None):
+        y = rms_norm(x, weight, eps)
+        if scale is None:
+            return y
+        if modulate_in_float32:
+            y = y.float()
+        modulated = y * (1.0 + scale.index_select(0, idx)) + shift.index_select(0, idx)
+        return modulated.to(x.dtype)
+
+    rms_norm_modulate.__wrapped__ = rms_norm  # the identity pins this package, whose kernel the op runs
+    return {"rms_norm_modulate": rms_norm_modulate}
+
+
+CANDIDATE = replace(
+    "example-rmsnorm",
+    _ops,
+    supports={"dtypes": ["bfloat16"]},
+    options={"modulate_in_float32": Option(bool, False, "apply the AdaLN scale and shift in float32, then round")},
+)

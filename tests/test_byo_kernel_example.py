@@ -1,0 +1,73 @@
+"""The guide's worked example (``examples/byo-kernel``): a distribution of its own whose entry point offers a kernel
+as a candidate, qualified by the kernel gate on what it claims.
+
+It is installed the way pip leaves a package, without pip: its ``src`` on ``sys.path`` and a ``.dist-info`` folder
+written from its own ``pyproject.toml`` (name, version, entry points). ``importlib.metadata`` then finds its entry
+point and distribution as it would after ``pip install``, so the test covers the declaration a user writes, not a
+stand-in for it, in a fraction of a second instead of a virtual environment's build."""
+
+import json
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from h3gate import candidates
+from h3gate.cli import main
+
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "byo-kernel"
+
+
+@pytest.fixture
+def installed(tmp_path, monkeypatch):
+    project = tomllib.loads((EXAMPLE / "pyproject.toml").read_text())["project"]
+    info = tmp_path / f"{project['name'].replace('-', '_')}-{project['version']}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n")
+    (info / "top_level.txt").write_text("h3_example_rmsnorm\n")
+    (info / "entry_points.txt").write_text("".join(
+        f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in entries.items())
+        for group, entries in project["entry-points"].items()
+    ))
+    monkeypatch.syspath_prepend(str(EXAMPLE / "src"))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return project
+
+
+def test_the_entry_point_offers_the_candidate_with_its_declarations(installed, capsys):
+    assert main(["candidates"]) == 0
+    assert ("example-rmsnorm\n  ops: chosen by its options\n  supports: dtypes=bfloat16\n  option modulate_in_float32 "
+            "(bool, default False): apply the AdaLN scale and shift in float32, then round\n") in capsys.readouterr().out
+
+
+def test_its_identity_pins_the_distribution_and_its_source(installed):
+    identity = candidates.load("example-rmsnorm:modulate_in_float32=yes").identity()
+    assert identity["replaced_ops"] == ["rms_norm_modulate"] and identity["options"] == {"modulate_in_float32": True}
+    assert identity["packages"] == [{
+        "package": "h3_example_rmsnorm", "distribution": installed["name"], "version": installed["version"],
+        "source_sha256": candidates.source_digest(EXAMPLE / "src" / "h3_example_rmsnorm"),
+    }]
+
+
+KERNEL_GATE = '''
+import pytest
+
+from h3gate.gates.kernel import DTYPES, OPS
+
+
+@pytest.mark.h3_gate("kernel", ops=list(OPS), dtypes=list(DTYPES))
+def test_kernel(h3_gate):
+    result = h3_gate.run()
+    assert result.passed, result.report()
+'''
+
+
+def test_the_kernel_gate_qualifies_what_it_claims_and_names_the_rest(installed, pytester):
+    (pytester.path / "thresholds").mkdir()
+    pytester.makepyfile(test_kernels=KERNEL_GATE)
+    run = pytester.runpytest("-p", "no:cacheprovider", "--h3-device=cpu", "--h3-candidate=example-rmsnorm",
+                             "--h3-kernel-examples=2", "-m", "gate", "-rs", "test_kernels.py")
+    run.assert_outcomes(passed=1, skipped=13)
+    run.stdout.fnmatch_lines(["*not claimed: candidate example-rmsnorm supports rms_norm_modulate in bfloat16 only*"])
+    (result,) = json.loads((pytester.path / "h3-out" / "results.json").read_text())["results"].values()
+    assert result["params"] == {"op": "rms_norm_modulate", "dtype": "bfloat16"} and result["passed"]
