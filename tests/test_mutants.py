@@ -69,23 +69,31 @@ def test_model_and_kernel_gates_reject_broken_h3_triton(name, tiny, tiny_contrac
     assert not kernel.passed, kernel.summary()
 
 
+def _changes(mutant, base, dims, generator) -> bool:
+    spec = kernel_gate.OP_SPECS[mutant.op]
+    built = spec.build(dims, torch.float32, generator)
+    args = {k: (v.float().requires_grad_(k in built["grads"]) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
+            for k, v in built["args"].items()}
+    broken = mutant.wrap(base[mutant.op])
+    plain, bad = base[mutant.op](**args), broken(**args)
+    plain_grads = torch.autograd.grad(plain.sum(), [args[n] for n in built["grads"]])
+    bad_grads = torch.autograd.grad(bad.sum() if bad.isfinite().all() else bad.nan_to_num().sum(), [args[n] for n in built["grads"]], allow_unused=True)
+    differs = not torch.equal(plain, bad) or any(b is None or not torch.equal(a, b) for a, b in zip(plain_grads, bad_grads))
+    if mutant.name == "nondeterministic-table-grad":
+        again = torch.autograd.grad(broken(**args).sum(), [args[n] for n in built["grads"]])
+        differs = any(not torch.equal(a, b) for a, b in zip(bad_grads, again))
+    return differs
+
+
 def test_each_mutant_changes_its_op():
+    """At the op's block layout example or its first edge example (shape-conditional mutants differ only there)."""
     generator = torch.Generator().manual_seed(0)
     base = ProviderCandidate().kernel_ops()
     for mutant in MUTANTS.values():
         spec = kernel_gate.OP_SPECS[mutant.op]
-        built = spec.build(spec.examples[0], torch.float32, generator)
-        args = {k: (v.float().requires_grad_(k in built["grads"]) if isinstance(v, torch.Tensor) and v.is_floating_point() else v)
-                for k, v in built["args"].items()}
-        broken = mutant.wrap(base[mutant.op])
-        plain, bad = base[mutant.op](**args), broken(**args)
-        plain_grads = torch.autograd.grad(plain.sum(), [args[n] for n in built["grads"]])
-        bad_grads = torch.autograd.grad(bad.sum() if bad.isfinite().all() else bad.nan_to_num().sum(), [args[n] for n in built["grads"]], allow_unused=True)
-        differs = not torch.equal(plain, bad) or any(b is None or not torch.equal(a, b) for a, b in zip(plain_grads, bad_grads))
-        if mutant.name == "nondeterministic-table-grad":
-            again = torch.autograd.grad(broken(**args).sum(), [args[n] for n in built["grads"]])
-            differs = any(not torch.equal(a, b) for a, b in zip(bad_grads, again))
-        assert differs, f"{mutant.name} computes exactly what its base computes"
+        shapes = (spec.examples[0], kernel_gate.edge_examples(spec, kernel_gate.INTERPRETER_LIMITS)[0])
+        assert any(_changes(mutant, base, dims, generator) for dims in shapes), \
+            f"{mutant.name} computes exactly what its base computes"
 
 
 def test_kernel_gate_always_runs_the_tile_edges():
@@ -134,6 +142,29 @@ def test_kernel_gate_bias_passes_the_provider_and_catches_a_truncating_store():
     checks = kernel_gate.evaluate(spec, truncated, dims, torch.bfloat16, "cpu", seed=0)
     failed = {(c.detail["output"], c.kind) for c in checks if not c.passed}
     assert failed == {("out", "bias")}, [c.line() for c in checks]
+
+
+# Mutants that only the kernel gate catches, with the check that does: bias (a truncating store) or an
+# edge example (a shape the tiny model never runs).
+KERNEL_ONLY = {
+    "swiglu-output-truncated": "bias",
+    "rms-output-truncated": "bias",
+    "dq-truncated": "bias",
+    "weight-grad-truncated": "bias",
+    "key-tail-grad-dropped": "rows=129",
+    "norm-weight-grad-first-batch": "batch=2",
+    "last-row-neighbour-gate": "table_rows",
+}
+
+
+@pytest.mark.parametrize("name", KERNEL_ONLY)
+def test_kernel_gate_catches_bias_and_shape_conditional_mutants(name):
+    mutant = MutantCandidate(name, ProviderCandidate())
+    assert mutant.mutant.caught_by == ("kernel",)
+    result = kernel_gate.check(mutant, mutant.mutant.op, "cpu", max_examples=2, shrink=False)
+    failures = [c for c in result.checks if not c.passed]
+    assert failures and all(KERNEL_ONLY[name] == c.kind or KERNEL_ONLY[name] in c.name for c in failures), \
+        [c.line() for c in failures]
 
 
 def test_kernel_gate_of_one_dtype_says_so_and_checks_only_it():

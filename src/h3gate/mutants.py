@@ -220,6 +220,61 @@ def output_truncated(op):
     return broken
 
 
+def dq_truncated(attention):
+    """Attention whose dQ is stored by truncation instead of rounding to nearest (backward only)."""
+
+    def broken(q, k, v):
+        return attention(_EditGradient.apply(q, _toward_zero), k, v)
+
+    return broken
+
+
+def weight_grad_truncated(linear):
+    """A GEMM whose weight gradient is stored by truncation instead of rounding to nearest (backward only)."""
+
+    def broken(x, weight, bias=None):
+        return linear(x, _EditGradient.apply(weight, _toward_zero), bias)
+
+    return broken
+
+
+def last_row_neighbour_gate(gated_residual):
+    """The last packed row gated with its neighbour's AdaLN row (a one-row last tile reading the previous row's index)."""
+
+    def broken(residual, y, gate=None, idx=None):
+        if idx is not None and idx.numel() > 1:
+            idx = torch.cat([idx[:-1], idx[-2:-1]])
+        return gated_residual(residual, y, gate, idx)
+
+    return broken
+
+
+def key_tail_grad_dropped(attention):
+    """dK and dV of a last key tile holding one row after full tiles are never written (zero; backward only)."""
+
+    def drop_last_key(grad):
+        return torch.cat([grad[:, :-1], torch.zeros_like(grad[:, -1:])], dim=1)
+
+    def broken(q, k, v):
+        if k.shape[1] <= KEY_TILE or k.shape[1] % KEY_TILE != 1:
+            return attention(q, k, v)
+        return attention(q, _EditGradient.apply(k, drop_last_key), _EditGradient.apply(v, drop_last_key))
+
+    return broken
+
+
+def norm_weight_grad_first_batch(rms_norm_modulate):
+    """RMSNorm whose weight gradient sums the first batch element only (a row reduction ignoring the batch stride)."""
+
+    def broken(x, weight, eps, scale=None, shift=None, idx=None):
+        if x.shape[0] < 2:
+            return rms_norm_modulate(x, weight, eps, scale, shift, idx)
+        head = rms_norm_modulate(x[:1], weight, eps, scale, shift, idx)
+        return torch.cat([head, rms_norm_modulate(x[1:], weight.detach(), eps, scale, shift, idx)])
+
+    return broken
+
+
 MUTANTS = {
     m.name: m
     for m in (
@@ -238,8 +293,17 @@ MUTANTS = {
         Mutant("swiglu-halves-swapped", "swiglu", ("kernel", "block", "model"), swiglu_halves_swapped),
         Mutant("gemm-bf16-accumulate", "linear", ("kernel",), gemm_bf16_accumulate),
         Mutant("weight-grad-missing-tile", "linear", ("kernel", "block", "model"), weight_grad_missing_tile),
-        # Within 2 x torch's + 2 ULP in relative L2 and max abs; only the kernel gate's bias check sees it.
+        # Systematic precision losses: within 2 x torch's + 2 ULP in relative L2 and max abs; only the kernel
+        # gate's bias check sees them (at the block's and model's outputs they stay within the bounds).
         Mutant("swiglu-output-truncated", "swiglu", ("kernel",), output_truncated),
+        Mutant("rms-output-truncated", "rms_norm_modulate", ("kernel",), output_truncated),
+        Mutant("dq-truncated", "attention", ("kernel",), dq_truncated),
+        Mutant("weight-grad-truncated", "linear", ("kernel",), weight_grad_truncated),
+        # Shape-conditional: the tiny model's last row shares its neighbour's AdaLN row, its one sequence length
+        # leaves no one-row key tile, its batch is 1; the kernel gate's examples reach them.
+        Mutant("last-row-neighbour-gate", "gated_residual", ("kernel",), last_row_neighbour_gate),
+        Mutant("key-tail-grad-dropped", "attention", ("kernel",), key_tail_grad_dropped),
+        Mutant("norm-weight-grad-first-batch", "rms_norm_modulate", ("kernel",), norm_weight_grad_first_batch),
     )
 }
 
