@@ -64,3 +64,14 @@ def test_bias_is_the_error_signed_along_the_reference():
     noise = ref + 1e-3 * torch.randn(10_000, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     value, spread = bias(noise, ref)
     assert abs(value) < 5 * spread and 1e-6 < spread < 1e-4, "unbiased noise stays within a few standard errors"
+
+
+def test_bias_standard_error_counts_errors_correlated_within_rows():
+    """A softmax row's rounded normaliser scales the whole row: unbiased across rows, correlated within one."""
+    from h3gate.compare import bias
+
+    generator = torch.Generator().manual_seed(2)
+    ref = torch.randn(64, 512, generator=generator, dtype=torch.float64)
+    rows = ref * (1 + 1e-3 * torch.randn(64, 1, generator=generator, dtype=torch.float64))
+    value, spread = bias(rows, ref)
+    assert abs(value) < 3 * spread and spread > 5e-5, "the spread of row scalings, not of single elements"

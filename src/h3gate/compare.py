@@ -48,6 +48,9 @@ def max_abs(x: torch.Tensor, ref: torch.Tensor) -> float:
     return max(((x64 - ref64).abs().max().item() for x64, ref64 in _chunks(x, ref) if x64.numel()), default=0.0)
 
 
+_BIAS_GROUPS = 32  # contiguous groups whose means give the bias's standard error
+
+
 def bias(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
     """``(bias, standard error)``: the mean of the error signed along the reference, ``mean((x - ref) * sign(ref))``,
     over the reference's mean magnitude, and that mean's standard error on the same scale; ``(0, 0)`` where the
@@ -55,17 +58,24 @@ def bias(x: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
 
     Rounding to nearest errs either way, so its bias is a few standard errors at most; a scaling or truncation bug
     errs one way, so its bias stands out however small against relative L2. Signed along the reference, so that
-    magnitudes too large (positive) or too small (negative) do not cancel over a zero-mean tensor."""
-    sums = torch.zeros(4, dtype=torch.float64)
+    magnitudes too large (positive) or too small (negative) do not cancel over a zero-mean tensor. The standard
+    error is that of the means of contiguous groups of elements, not of single elements: errors within a row are
+    correlated (a softmax row's rounded normaliser scales all of it), and groups of whole rows absorb that."""
+    sums, counts, magnitude = [], [], 0.0
     for x64, ref64 in _chunks(x, ref):
-        along = (x64 - ref64) * ref64.sign()
-        sums += torch.stack([along.sum(), along.square().sum(), ref64.abs().sum(), torch.tensor(float(along.numel()))]).cpu()
-    total, squares, magnitude, n = sums.tolist()
+        along = ((x64 - ref64) * ref64.sign()).reshape(-1)
+        for part in torch.tensor_split(along, min(_BIAS_GROUPS, along.numel())):
+            sums.append(part.sum().item())
+            counts.append(part.numel())
+        magnitude += ref64.abs().sum().item()
     if magnitude == 0.0:
         return 0.0, 0.0
-    mean = total / n
-    spread = math.sqrt(max(squares / n - mean * mean, 0.0) / n)
-    return mean / (magnitude / n), spread / (magnitude / n)
+    n = sum(counts)
+    mean = sum(sums) / n
+    means = [total / count for total, count in zip(sums, counts)]
+    between = sum(count * (m - mean) ** 2 for m, count in zip(means, counts)) / n
+    scale = magnitude / n
+    return mean / scale, math.sqrt(between / (len(counts) - 1 or 1)) / scale
 
 
 def _ordered(bits: torch.Tensor, width: int) -> torch.Tensor:
