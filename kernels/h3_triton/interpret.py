@@ -6,6 +6,10 @@
   ``"rtne"``: a biased half-ULP error that doubles the error of every rounded output. :func:`to_dtype`
   rounds on the bits first, bitwise equal to torch's cast, NaN and infinity included.
 
+- ``tl.sum(x, axis=0)`` is numpy's sum down the columns of a row-major tile, which adds one row at a time: its
+  float32 error grows with the tile's rows, where a GPU's tree reduction grows with their logarithm (a 256-row
+  weight-gradient tile summed 2.6x worse than torch's). :func:`column_sum` sums groups of rows first.
+
 Every kernel passes ``INTERPRET`` as the ``UPCAST`` constexpr: on a GPU the branches are resolved at compile
 time and the native bf16 tensor-core dot and cast are emitted, so the GPU path pays nothing.
 """
@@ -57,3 +61,13 @@ def to_dtype(x, dtype: tl.constexpr, UPCAST: tl.constexpr):
         return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
     else:
         return x.to(dtype)
+
+
+@triton.jit
+def column_sum(x, UPCAST: tl.constexpr):
+    """``tl.sum(x, axis=0)`` of a [rows, cols] tile; under the interpreter in two stages of 16 groups of rows, whose
+    float32 error matches torch's column sum (a GPU's tree reduction needs no help)."""
+    if UPCAST and x.shape[0] >= 32 and x.shape[0] % 16 == 0:
+        return tl.sum(tl.sum(tl.reshape(x, (16, x.shape[0] // 16, x.shape[1])), axis=1), axis=0)
+    else:
+        return tl.sum(x, axis=0)

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from h3_triton.interpret import to_dtype
+from h3_triton.interpret import column_sum, to_dtype
 from h3_triton.rowreduce import (
     UPCAST, accumulate_rows, as_batch_rows, check_activation, check_row_index, check_table, clear_flags, flush_slot,
     full_row_tiling, new_slots, reduce_slots, slot_blocks, split_rows, sum_slots,
@@ -124,7 +124,7 @@ def _backward_kernel(
                 width, cols, col_mask,
             )
         else:
-            acc_dy_x_hat += tl.sum(dy * x_hat, axis=0)
+            acc_dy_x_hat += column_sum(dy * x_hat, UPCAST)
             dn = dy * w[None, :]
         dx = rstd[:, None] * (dn - x_hat * (tl.sum(dn * x_hat, axis=1) / width)[:, None])
         tl.store(

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from h3_triton.interpret import to_dtype
+from h3_triton.interpret import column_sum, to_dtype
 from h3_triton.rowreduce import (
     UPCAST, check_activation, clear_flags, flush_slot, full_row_tiling, new_slots, reduce_slots, split_rows,
 )
@@ -112,7 +112,7 @@ def _backward_kernel(
             dn = dn * cos.to(tl.float32) + sign[None, :] * dy_p * sin_p.to(tl.float32)
         rstd = tl.rsqrt(tl.sum(x * x, axis=1) / dim + eps)
         x_hat = x * rstd[:, None]
-        acc_w += tl.sum(dn * x_hat, axis=0)
+        acc_w += column_sum(dn * x_hat, UPCAST)
         g = dn * w[None, :]
         dx = rstd[:, None] * (g - x_hat * (tl.sum(g * x_hat, axis=1) / dim)[:, None])
         tl.store(dx_ptr + rows[:, None] * dim + cols[None, :], to_dtype(dx, dx_ptr.dtype.element_ty, UPCAST), mask=mask)

@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from h3_triton.interpret import INTERPRET, to_dtype
+from h3_triton.interpret import INTERPRET, column_sum, to_dtype
 
 # A whole row is one tile in registers; the widest H3 row that needs it is the hidden size, 5376.
 MAX_WIDTH = 16384
@@ -111,7 +111,7 @@ def _extend_run(acc, run, r, vals, part_base, flag_base, width, cols, col_mask):
         flush_slot(acc, part_base, flag_base, run, width, cols, col_mask)
         acc = tl.zeros_like(acc)
         run = r
-    return acc + tl.sum(vals, axis=0), run
+    return acc + column_sum(vals, UPCAST), run
 
 
 @triton.jit
@@ -135,7 +135,7 @@ def accumulate_rows(acc, run, vals, table_row, row_mask, part_base, flag_base, w
         else:
             flush_slot(acc, part_base, flag_base, run, width, cols, col_mask)
             for r in range(lo, hi + 1):
-                part = tl.sum(tl.where(table_row[:, None] == r, vals, 0.0), axis=0)
+                part = column_sum(tl.where(table_row[:, None] == r, vals, 0.0), UPCAST)
                 flush_slot(part, part_base, flag_base, r, width, cols, col_mask)
             acc = tl.zeros_like(acc)
             run = hi
