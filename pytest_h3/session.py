@@ -200,7 +200,9 @@ class H3Session:
         self.summary.append(f"results: {results_path}")
         try:
             self.summary.append(f"evidence: {write_session_evidence(self, results_path, outcomes)}")
-        except Exception as error:  # any cause: the run must not end green without its evidence
+        except pytest.UsageError:  # bad input (a damaged checkpoint found when the evidence names the model): exit 4
+            raise
+        except Exception as error:  # any other cause: the run must not end green without its evidence
             self.summary.append(f"evidence NOT written ({one_line(error)}); the results are kept in {results_path}")
             return False
         return True

@@ -110,5 +110,5 @@ def test_positive_numbers_only(tmp_path):
     data = json.loads(path.read_text())
     data["bounds"]["nodes.b"] = "0.1"
     path.write_text(json.dumps(data))
-    with pytest.raises(ValueError, match="bound of nodes.b must be a positive number"):
+    with pytest.raises(ValueError, match="bound of nodes.b must be a positive finite number"):
         bounds.load(path, "model", "id-1", "cpu")

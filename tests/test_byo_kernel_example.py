@@ -64,9 +64,9 @@ def test_kernel(h3_gate):
 
 def test_the_kernel_gate_qualifies_what_it_claims_and_names_the_rest(installed, pytester):
     (pytester.path / "thresholds").mkdir()
-    pytester.makepyfile(test_kernels=KERNEL_GATE)
+    pytester.makepyfile(test_example_kernels=KERNEL_GATE)
     run = pytester.runpytest("-p", "no:cacheprovider", "--h3-device=cpu", "--h3-candidate=example-rmsnorm",
-                             "--h3-kernel-examples=2", "-m", "gate", "-rs", "test_kernels.py")
+                             "--h3-kernel-examples=2", "-m", "gate", "-rs", "test_example_kernels.py")
     run.assert_outcomes(passed=1, skipped=13)
     run.stdout.fnmatch_lines(["*not claimed: candidate example-rmsnorm supports rms_norm_modulate in bfloat16 only*"])
     (result,) = json.loads((pytester.path / "h3-out" / "results.json").read_text())["results"].values()

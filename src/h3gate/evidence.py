@@ -450,7 +450,8 @@ def check_statement(statement, path: Path) -> None:
             and test.get("outcome") in OUTCOMES
             and isinstance(test.get("gate"), str)
             and isinstance(test.get("params"), dict)
-            and (test.get("result") is None or isinstance(test["result"], dict)),
+            and "result" in test
+            and (test["result"] is None or isinstance(test["result"], dict)),
             f"test {nodeid} lacks a valid outcome, gate, params or result",
         )
         if test["result"] is not None:

@@ -34,7 +34,9 @@ torch / triton / diffusers versions. A run of another identity in that folder is
 
 Pipeline components: the embedded presets' are built (:func:`h3gate.pipeline.build_components`, seed 0), a
 checkpoint folder's loaded (:func:`h3gate.checkpoint.load_components`); kept in memory per model source. Each finished
-run records its decodes' time and peak memory (:func:`h3gate.pipeline.decode_costs`) and the video VAE's tiling.
+run records the video VAE's tiling; a generation's costs (its decodes' time and peak memory,
+:func:`h3gate.pipeline.decode_costs`) are those of the process that decoded, kept out of the run folder, which a
+resumed run repeats bitwise.
 
 Entry points (``progress`` is a text stream for tqdm's step bars, or None for none), besides the gate protocol of
 :mod:`h3gate.gates` at the end, whose items are seeds of the marker's ``contract`` (default ``generation``):
@@ -365,6 +367,7 @@ def run_generation(
         expected_first_inputs=expected_first_inputs,
     ) as run:
         reused = run.finished is not None
+        decodes: dict = {}  # measured in this process; kept out of the run folder, which a resume repeats bitwise
         if not reused or verify_last_step:
             installed = candidate.installed(transformer) if candidate is not None else contextlib.nullcontext()
             with installed, run.intercept(transformer, call, _describe), pipeline.decode_costs(pipe) as decodes:
@@ -384,7 +387,7 @@ def run_generation(
             _require_finite(video, audio, role, CandidateError if candidate is not None else ValueError)
             written, notes = metrics.write_artifacts(folder, video, audio, contract.fps, contract.audio_sample_rate)
             run.finish({name: artifact["sha256"] for name, artifact in written.items()},
-                       {"notes": notes, "decode": decodes, "tiling": _tiling(pipe.vae)})
+                       {"notes": notes, "tiling": _tiling(pipe.vae)})
         video, audio = metrics.read_arrays(folder / metrics.ARRAYS_FILE)
         return Generation(
             role=role,
@@ -400,7 +403,7 @@ def run_generation(
             verified_step=run.verified_step,
             costs={
                 "encoding": encoding_costs,
-                "decode": run.finished.get("decode", {}),
+                "decode": decodes,
                 "vae_tiling": run.finished.get("tiling"),
                 "transformer_call_seconds": call_seconds,
             },
