@@ -1,10 +1,10 @@
 """The generation gate's preflight contract at release size on one GPU: provider and h3_triton, one seed.
 
-Builds the release-size pipeline in-process with random weights, directly on the device: the Qwen3-VL text encoder
-in bf16 (text width 5120, the transformer's text_dim, and 51 layers: the pipeline reads hidden state 50), both VAEs
-in float32 at diffusers' defaults (the release configs), then, once the prompt and keyframe encodings are cached and
-the text encoder deleted, the release transformer (:func:`h3gate.model.build_release`). Every generation goes through
-the gate's own :func:`h3gate.gates.generation.run_generation` (run store, cached encodings, tiled decode).
+Builds the release-size pipeline in-process with random weights, directly on the device, as the gate does with
+``--h3-model=release``: the release transformer (:func:`h3gate.model.build_release`) and the other components
+(:data:`h3gate.pipeline_components.RELEASE_COMPONENTS`: the Qwen3-VL text encoder in bf16, both VAEs in float32).
+Every generation goes through the gate's own :func:`h3gate.gates.generation.run_generation` (run store, cached
+encodings, the text encoder back on the host once they are made, tiled decode).
 
 Prints and logs (JSON) per candidate and workflow: time per transformer call, the text encoding, each decode with
 its peak memory, the generation's wall time, peak GPU memory (torch.cuda.max_memory_allocated) and the process's
@@ -26,55 +26,12 @@ from pathlib import Path
 import torch
 
 from h3gate import candidates, generation_contract, metrics
-from h3gate.files import dumps, sha256_bytes, write_atomic
+from h3gate.files import dumps, write_atomic
 from h3gate.gates import generation as gate
-from h3gate.model import Model, load_model
-from h3gate.pipeline_components import ImageOnlyQwen3VLProcessor, _byte_level_tokenizer, _video_vae
+from h3gate.model import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30
-# Qwen3-VL-32B's text stack cut to the 51 layers the pipeline reads; the vision tower at transformers' defaults.
-RELEASE_TEXT = dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=51, num_attention_heads=64,
-                    num_key_value_heads=8, head_dim=128)
-SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                  "<|image_pad|>", "<|video_pad|>")
-
-
-def release_components(device: str) -> tuple[dict, str]:
-    """The release pipeline's components but the transformer, random weights built on ``device``, and their identity
-    (the recipe: this function's source and torch's version; the weights are not hashed)."""
-    import inspect
-
-    from diffusers import AutoencoderKLMiniMaxH3Audio, MiniMaxH3Scheduler
-    from transformers import Qwen2VLImageProcessorPil, Qwen3VLConfig, Qwen3VLForConditionalGeneration
-
-    tokenizer = _byte_level_tokenizer(SPECIAL_TOKENS)
-    ids = {name: tokenizer.convert_tokens_to_ids(f"<|{name}|>") for name in ("image_pad", "video_pad", "vision_start",
-                                                                              "vision_end")}
-    config = Qwen3VLConfig(
-        text_config=dict(RELEASE_TEXT, vocab_size=len(tokenizer)),
-        vision_config=dict(out_hidden_size=RELEASE_TEXT["hidden_size"]),
-        image_token_id=ids["image_pad"], video_token_id=ids["video_pad"],
-        vision_start_token_id=ids["vision_start"], vision_end_token_id=ids["vision_end"],
-    )
-    torch.manual_seed(0)
-    with torch.device(device):
-        text_encoder = Qwen3VLForConditionalGeneration._from_config(config, dtype=torch.bfloat16).eval()
-        vae = _video_vae({}).eval()
-        audio_vae = AutoencoderKLMiniMaxH3Audio(latents_mean=[0.0] * 32, latents_std=[1.0] * 32).eval()
-    components = {
-        "vae": vae,
-        "audio_vae": audio_vae,
-        "scheduler": MiniMaxH3Scheduler(shift=12.0),
-        "audio_scheduler": MiniMaxH3Scheduler(shift=3.0),
-        "text_encoder": text_encoder,
-        "tokenizer": tokenizer,
-        "processor": ImageOnlyQwen3VLProcessor(
-            image_processor=Qwen2VLImageProcessorPil(patch_size=16, merge_size=2, temporal_patch_size=2),  # Qwen3-VL's
-            tokenizer=tokenizer),
-    }
-    recipe = inspect.getsource(release_components) + torch.__version__
-    return components, sha256_bytes(recipe.encode())
 
 
 def peak_rss_gib() -> float:
@@ -100,22 +57,12 @@ def main() -> int:
     if cuda:
         report["gpu"] = torch.cuda.get_device_name(args.device)
 
-    components = None
-    if args.model == "release":
-        start = time.perf_counter()
-        components = release_components(args.device)
-        report["build_seconds"]["components"] = time.perf_counter() - start
-        # Encode first, alone with the VAEs on the device; the transformer is built once the text encoder is gone.
-        for workflow in contract.workflows:
-            named = Model(name=args.model, source="preset:release", transformer=None, identity="")
-            _, costs = gate.encodings(named, contract, workflow, components, args.device, args.out)
-            report.setdefault("encoding", {})[workflow] = costs
-            print(f"{workflow}: text encoding {costs.get('seconds', 0):.2f} s ({'made' if costs['encoded'] else 'cached'})")
-        del components[0]["text_encoder"]
-        torch.cuda.empty_cache()
     start = time.perf_counter()
     model = load_model(args.model)
     report["build_seconds"]["transformer"] = time.perf_counter() - start
+    start = time.perf_counter()
+    gate._components(model.source, args.device)  # built once, then shared by every run
+    report["build_seconds"]["components"] = time.perf_counter() - start
 
     references = {}
     for name in args.candidates.split(","):
@@ -126,7 +73,6 @@ def main() -> int:
             start = time.perf_counter()
             generated = gate.run_generation(
                 model, contract, args.seed, args.device, args.out, workflow=workflow, candidate=candidate,
-                components=components,
                 expected_first_inputs=references[workflow].first_call_inputs if workflow in references else None,
             )
             run = {

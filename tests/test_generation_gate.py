@@ -143,7 +143,7 @@ def test_a_contract_file_name_says_what_it_is(tmp_path):
 )
 def test_a_canvas_the_model_cannot_make_is_refused(tmp_path, tiny, changes, message):
     contract = generation_contract.load(write_contract(tmp_path, **changes))
-    components, _ = gate._components(tiny.source)
+    components, _ = gate._components(tiny.source, "cpu")
     with pytest.raises(FileFormatError, match=message):
         contract.check_pipeline(make_pipeline(components, tiny.transformer))
 

@@ -62,3 +62,18 @@ def test_materialised_model_is_seeded_per_parameter_at_checkpoint_precision():
     assert 1.5 <= norm_q.min() and norm_q.max() <= 3.0, "the embedded init scheme: peaky attention"
     other = _materialised(config, 8, "cpu")
     assert not torch.equal(full.proj_in.weight, other.proj_in.weight)
+
+
+def test_release_components_fit_the_release_transformer_and_are_built_on_cuda_only():
+    from diffusers import AutoencoderKLMiniMaxH3
+
+    from h3gate.pipeline_components import RELEASE_COMPONENTS, build_components
+
+    vae_defaults = inspect.signature(AutoencoderKLMiniMaxH3.__init__).parameters
+    assert vae_defaults["latent_channels"].default == RELEASE_CONFIG["in_channels"]
+    assert len(RELEASE_COMPONENTS["audio_vae"]["latents_mean"]) == RELEASE_CONFIG["audio_in_channels"]
+    text = RELEASE_COMPONENTS["text_encoder"]
+    assert text["text_config"]["hidden_size"] == text["vision_config"]["out_hidden_size"] == RELEASE_CONFIG["text_dim"]
+    assert text["text_config"]["num_hidden_layers"] == 51, "the pipeline reads hidden state 50"
+    with pytest.raises(ValueError, match="built on a CUDA device, not 'cpu': run with --h3-device=cuda"):
+        build_components(RELEASE, 0, "cpu")

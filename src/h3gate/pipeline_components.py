@@ -24,6 +24,7 @@ from transformers import Qwen3VLProcessor
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from h3gate import seeded
+from h3gate.presets import RELEASE
 
 _SPECIAL_TOKENS = (
     "<|endoftext|>",
@@ -111,6 +112,27 @@ COMPONENT_CONFIGS: dict[str, dict] = {"tiny": _TINY, "small": _TINY}
 ``small`` reuses the tiny VAEs, conditioner and tokenizer: the benchmark preset only widens the transformer, whose
 ``text_dim`` stays the conditioner's hidden size of 32."""
 
+RELEASE_COMPONENTS: dict = {
+    # diffusers' defaults are the released VAE configs (H3_FACTS); the audio VAE's latent statistics are per checkpoint
+    "vae": {},
+    "audio_vae": dict(latents_mean=[0.0] * 32, latents_std=[1.0] * 32),
+    "scheduler": dict(shift=12.0),
+    "audio_scheduler": dict(shift=3.0),
+    "text_encoder": dict(
+        # Qwen3-VL-32B's text stack cut to the 51 layers the pipeline reads (hidden state 50); its width is the
+        # release transformer's text_dim. The vision tower at transformers' defaults, projecting to that width.
+        text_config=dict(hidden_size=5120, intermediate_size=25600, num_hidden_layers=51, num_attention_heads=64,
+                         num_key_value_heads=8, head_dim=128),
+        vision_config=dict(out_hidden_size=5120),
+        dtype=torch.bfloat16,  # as published; about 47 GiB
+    ),
+    "tokenizer": dict(special_tokens=_SPECIAL_TOKENS),
+    "processor": dict(patch_size=16, merge_size=2, temporal_patch_size=2),  # Qwen3-VL's
+    "pipeline": {},  # the pipeline's own canvas: 768x1344
+}
+"""The release pipeline's components but the transformer, built with random weights directly on a CUDA device by
+``build_components("release", seed, device)`` (about 48 GiB; no folder on disk)."""
+
 
 class ImageOnlyQwen3VLProcessor(Qwen3VLProcessor):
     """``Qwen3VLProcessor`` without a video processor, saved and loaded as a ``Qwen3VLProcessor``.
@@ -137,10 +159,13 @@ def _component_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def _seeded(seed: int, name: str, build):
-    """``build()`` under the component's seed, in a forked RNG so the caller's global stream is left as it was, with
-    every initialiser's draw the same bits on every CPU (:func:`h3gate.seeded.independent_of_machine`)."""
-    with torch.random.fork_rng(devices=[]), seeded.independent_of_machine():
+def _seeded(seed: int, name: str, build, device: str = "cpu"):
+    """``build()`` on ``device`` under the component's seed, in a forked RNG so the caller's global streams are left
+    as they were, with every CPU initialiser's draw the same bits on every CPU
+    (:func:`h3gate.seeded.independent_of_machine`)."""
+    device = torch.device(device)
+    forked = [device.index or 0] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=forked), seeded.independent_of_machine(), device:
         torch.manual_seed(_component_seed(seed, name))
         return build().eval()
 
@@ -165,15 +190,22 @@ def _video_vae(config: dict) -> AutoencoderKLMiniMaxH3:
     return vae
 
 
-def build_components(preset: str, seed: int) -> dict[str, object]:
+def build_components(preset: str, seed: int, device: str = "cpu") -> dict[str, object]:
     """Every component ``MiniMaxH3Blocks`` needs except the transformers, keyed as the pipeline names them, plus the
-    pipeline's canvas configs (``update_components`` takes both), for ``make_pipeline``.
+    pipeline's canvas configs (``update_components`` takes both), for ``make_pipeline``; the models built on
+    ``device`` (the release preset's only on a CUDA device: its text encoder alone is 47 GiB).
 
     ``image_processor`` and ``video_processor`` are left to the pipeline, which creates them from its own config.
     """
-    if preset not in COMPONENT_CONFIGS:
-        raise ValueError(f"Unknown preset {preset!r}: choose one of {sorted(COMPONENT_CONFIGS)}.")
-    configs = COMPONENT_CONFIGS[preset]
+    if preset == RELEASE:
+        if torch.device(device).type != "cuda":
+            raise ValueError(f"the {RELEASE} pipeline's components (about 48 GiB) are built on a CUDA device, not "
+                             f"{device!r}: run with --h3-device=cuda")
+        configs = RELEASE_COMPONENTS
+    elif preset in COMPONENT_CONFIGS:
+        configs = COMPONENT_CONFIGS[preset]
+    else:
+        raise ValueError(f"Unknown preset {preset!r}: choose one of {sorted(COMPONENT_CONFIGS) + [RELEASE]}.")
     tokenizer = _byte_level_tokenizer(configs["tokenizer"]["special_tokens"])
 
     def token_id(name: str) -> int:
@@ -188,12 +220,15 @@ def build_components(preset: str, seed: int) -> dict[str, object]:
         vision_end_token_id=token_id("vision_end"),
     )
     image_processor = Qwen2VLImageProcessorPil(**configs["processor"])
+    text_dtype = configs["text_encoder"].get("dtype", torch.float32)
     return {
-        "vae": _seeded(seed, "vae", lambda: _video_vae(configs["vae"])),
-        "audio_vae": _seeded(seed, "audio_vae", lambda: AutoencoderKLMiniMaxH3Audio(**configs["audio_vae"])),
+        "vae": _seeded(seed, "vae", lambda: _video_vae(configs["vae"]), device),
+        "audio_vae": _seeded(seed, "audio_vae", lambda: AutoencoderKLMiniMaxH3Audio(**configs["audio_vae"]), device),
         "scheduler": MiniMaxH3Scheduler(**configs["scheduler"]),
         "audio_scheduler": MiniMaxH3Scheduler(**configs["audio_scheduler"]),
-        "text_encoder": _seeded(seed, "text_encoder", lambda: Qwen3VLForConditionalGeneration(text_config)),
+        "text_encoder": _seeded(
+            seed, "text_encoder",
+            lambda: Qwen3VLForConditionalGeneration._from_config(text_config, dtype=text_dtype), device),
         "tokenizer": tokenizer,
         "processor": ImageOnlyQwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer),
         **configs["pipeline"],

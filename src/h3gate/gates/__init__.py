@@ -154,10 +154,6 @@ class GateRun:
         return self._model
 
     @property
-    def model_loaded(self) -> bool:
-        return self._model is not None
-
-    @property
     def device_class(self) -> str:
         from h3gate.bounds import device_class
 

@@ -80,6 +80,7 @@ from h3gate.measure import timed
 from h3gate.model import Model, tensor_digest
 from h3gate.pipeline import COMPONENT_CONFIGS, build_components, generate, load_reference_image, make_pipeline
 from h3gate.gates import ItemError
+from h3gate.presets import RELEASE
 from h3gate.verdict import Check, GateResult
 
 GATE = "generation"
@@ -138,21 +139,20 @@ def _components_digest(components: dict) -> str:
 
 
 @functools.lru_cache(maxsize=2)
-def _components(source: str) -> tuple[dict, str]:
-    """The pipeline components of a model source (everything but the transformer) with their identity, on the host:
-    an embedded preset's built (seed 0), a checkpoint folder's loaded through the libraries' own loaders."""
+def _components(source: str, device: str) -> tuple[dict, str]:
+    """The pipeline components of a model source (everything but the transformer) with their identity: an embedded
+    preset's built (seed 0; on the host, the release preset's on ``device``), a checkpoint folder's loaded through
+    the libraries' own loaders onto the host."""
     if not source.startswith("preset:"):
         from h3gate.checkpoint import components_digest, load_components
 
         return load_components(source), components_digest(source)
     preset = source.split(":")[1]
-    if preset not in COMPONENT_CONFIGS:
-        raise ValueError(
-            f"the generation gate builds the pipeline components of the presets {', '.join(sorted(COMPONENT_CONFIGS))} "
-            f"or loads a checkpoint folder's; {preset!r} has none (benchmarks/release_generation.py builds the release "
-            "pipeline's)"
-        )
-    components = build_components(preset, COMPONENTS_SEED)
+    if preset not in COMPONENT_CONFIGS and preset != RELEASE:
+        raise ValueError(f"the generation gate builds the pipeline components of the presets "
+                         f"{', '.join(sorted(COMPONENT_CONFIGS))} and {RELEASE}, or loads a checkpoint folder's; "
+                         f"{preset!r} has none")
+    components = build_components(preset, COMPONENTS_SEED, device if preset == RELEASE else "cpu")
     return components, _components_digest(components)
 
 
@@ -333,7 +333,7 @@ def run_generation(
         raise ValueError(f"seed {seed} is not one of the contract's seeds {list(contract.seeds)} ({contract.path})")
     workflow = _workflow(contract, workflow)
     role = _role(mode, candidate)
-    components = components or _components(model.source)
+    components = components or _components(model.source, device)
     encoded, encoding_costs = encodings(model, contract, workflow, components, device, out_dir)
     transformer = model.transformer.to(device)
     parts = {name: value for name, value in components[0].items() if name != "text_encoder"}
