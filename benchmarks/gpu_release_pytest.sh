@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The release gates through pytest on one H200, as a user runs them (`--h3-model=release --h3-device=cuda`), random
+# weights; a log per phase in $OUT with the GPU's and the host's used memory sampled every 5 s (max printed).
+#   PHASES  any of: golden-attention model block gen-freeze gen-check (default: all, in that order)
+#   LAYERS  blocks of the partial model the model gate runs (release-layers<N>, default 2)
+#   BLOCKS  block gate items at the full release model (default: "block24 block49")
+#   VARIANTS  provider variants the freezes calibrate from (default: sdpa-flash,sdpa-efficient)
+# Bounds go to $TH (a copy of thresholds/, default /tmp/h3-th), runs to $RUNS (default /tmp/h3-runs): both stay on the
+# machine between calls while it is held; the bounds files (not the 0.8 GB block captures) are copied to $OUT.
+set -uo pipefail
+source "$(dirname "$0")/gpu_setup.sh"
+export H3_TRITON_AUTOTUNE=0
+PHASES=${PHASES:-"golden-attention model block gen-freeze gen-check"}
+LAYERS=${LAYERS:-2}
+BLOCKS=${BLOCKS:-"block24 block49"}
+VARIANTS=${VARIANTS:-sdpa-flash,sdpa-efficient}
+TH=${TH:-/tmp/h3-th}
+RUNS=${RUNS:-/tmp/h3-runs}
+[[ -d $TH ]] || cp -r thresholds "$TH"
+GATE=(python3 -m pytest -m gate --h3-model=release --h3-device=cuda --h3-thresholds="$TH" --h3-out="$RUNS" -q -rfE -p no:cacheprovider)
+SKIP="random-weight release preflight: the model gate at release runs on leading blocks (release-layers$LAYERS)"
+
+sampled() {  # sampled NAME LIMIT COMMAND...: phase with memory sampling
+  local name=$1
+  ( while true; do
+      echo "$(date +%s) $(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1) $(free -m | awk '/Mem:/{print $3}')"
+      sleep 5
+    done ) >"$OUT/$name-memory.log" &
+  local sampler=$!
+  rm -f "$RUNS/results.json" "$RUNS/evidence.json"
+  phase "$@"
+  kill $sampler
+  for file in results evidence; do [[ -f $RUNS/$file.json ]] && cp "$RUNS/$file.json" "$OUT/$name-$file.json"; done
+  awk '{if ($2>g) g=$2; if ($3>h) h=$3} END {printf "   peak GPU %.1f GiB, host %.1f GiB (used, sampled every 5 s)\n", g/1024, h/1024}' \
+    "$OUT/$name-memory.log"
+}
+has() { [[ " $PHASES " == *" $1 "* ]]; }
+
+python3 -c "import torch, triton, diffusers; print(torch.__version__, triton.__version__, diffusers.__version__, torch.cuda.get_device_name())"
+if has golden-attention; then
+  sampled golden-attention 240 python3 benchmarks/golden_attention.py --out "$OUT/golden-attention.json"
+  grep -vE "^\s*$" "$OUT/golden-attention.log" | tail -8
+fi
+if has model; then
+  H3GATE_LAYERS=$LAYERS h3gate contracts --model release --thresholds "$TH" | head -3
+  sampled model-freeze 300 env H3GATE_LAYERS="$LAYERS" "${GATE[@]}" tests/gates/test_model.py::test_model --h3-freeze --h3-variants="$VARIANTS"
+  sampled model-check 300 env H3GATE_LAYERS="$LAYERS" "${GATE[@]}" tests/gates/test_model.py::test_model --junitxml="$OUT/model-junit.xml"
+fi
+if has block; then
+  for block in $BLOCKS; do
+    sampled "block-freeze-$block" 300 "${GATE[@]}" "tests/gates/test_block.py::test_block[$block]" --h3-freeze --h3-variants="$VARIANTS"
+    sampled "block-check-$block" 300 "${GATE[@]}" "tests/gates/test_block.py::test_block[$block]" --junitxml="$OUT/$block-junit.xml"
+  done
+fi
+if has gen-freeze; then
+  sampled gen-freeze 560 "${GATE[@]}" tests/gates/test_generation.py::test_generation_preflight --h3-freeze \
+    --h3-variants="${GEN_VARIANTS:-sdpa-efficient}"
+fi
+if has gen-check; then
+  sampled gen-check 560 "${GATE[@]}" tests/gates/test_generation.py::test_generation_preflight --h3-skip-model-gate="$SKIP" \
+    --junitxml="$OUT/gen-junit.xml"
+  grep -E "(same_start|psnr|ssim|temporal|audio)" "$OUT/gen-check.log" | head -20
+fi
+( cd "$TH" && find . -name "*.json" | tar -cf "$OUT/thresholds.tar" -T - )
+ls "$OUT"
