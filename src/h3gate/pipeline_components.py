@@ -16,6 +16,7 @@ Constraints the configs satisfy:
 """
 
 import hashlib
+import inspect
 
 import torch
 from diffusers import AutoencoderKLMiniMaxH3, AutoencoderKLMiniMaxH3Audio, MiniMaxH3Scheduler
@@ -190,10 +191,11 @@ def _video_vae(config: dict) -> AutoencoderKLMiniMaxH3:
     return vae
 
 
-def build_components(preset: str, seed: int, device: str = "cpu") -> dict[str, object]:
+def build_components(preset: str, seed: int, device: str = "cpu", text_encoder: bool = True) -> dict[str, object]:
     """Every component ``MiniMaxH3Blocks`` needs except the transformers, keyed as the pipeline names them, plus the
     pipeline's canvas configs (``update_components`` takes both), for ``make_pipeline``; the models built on
-    ``device`` (the release preset's only on a CUDA device: its text encoder alone is 47 GiB).
+    ``device`` (the release preset's only on a CUDA device: its text encoder alone is 47 GiB, so
+    ``text_encoder=False`` leaves it out for a caller whose prompt encodings are cached).
 
     ``image_processor`` and ``video_processor`` are left to the pipeline, which creates them from its own config.
     """
@@ -221,15 +223,27 @@ def build_components(preset: str, seed: int, device: str = "cpu") -> dict[str, o
     )
     image_processor = Qwen2VLImageProcessorPil(**configs["processor"])
     text_dtype = configs["text_encoder"].get("dtype", torch.float32)
-    return {
+    components = {
         "vae": _seeded(seed, "vae", lambda: _video_vae(configs["vae"]), device),
         "audio_vae": _seeded(seed, "audio_vae", lambda: AutoencoderKLMiniMaxH3Audio(**configs["audio_vae"]), device),
         "scheduler": MiniMaxH3Scheduler(**configs["scheduler"]),
         "audio_scheduler": MiniMaxH3Scheduler(**configs["audio_scheduler"]),
-        "text_encoder": _seeded(
-            seed, "text_encoder",
-            lambda: Qwen3VLForConditionalGeneration._from_config(text_config, dtype=text_dtype), device),
         "tokenizer": tokenizer,
         "processor": ImageOnlyQwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer),
         **configs["pipeline"],
     }
+    if text_encoder:
+        components["text_encoder"] = _seeded(
+            seed, "text_encoder",
+            lambda: Qwen3VLForConditionalGeneration._from_config(text_config, dtype=text_dtype), device)
+    return components
+
+
+def release_recipe(seed: int, device: str) -> dict:
+    """What the release components' random weights follow from, their identity in place of a digest of 48 GiB: the
+    configs, the seed, the code that builds them, torch's version and the GPU (the CUDA generator's values depend
+    on its multiprocessor count)."""
+    properties = torch.cuda.get_device_properties(device)
+    code = "".join(inspect.getsource(function) for function in (build_components, _seeded, _component_seed, _video_vae))
+    return {"configs": repr(RELEASE_COMPONENTS), "seed": seed, "code": hashlib.sha256(code.encode()).hexdigest(),
+            "torch": torch.__version__, "gpu": properties.name, "multiprocessors": properties.multi_processor_count}

@@ -79,6 +79,7 @@ from h3gate.generation_contract import GenerationContract
 from h3gate.measure import timed
 from h3gate.model import Model, tensor_digest
 from h3gate.pipeline import COMPONENT_CONFIGS, build_components, generate, load_reference_image, make_pipeline
+from h3gate.pipeline_components import release_recipe
 from h3gate.gates import ItemError
 from h3gate.presets import RELEASE
 from h3gate.verdict import Check, GateResult
@@ -141,19 +142,31 @@ def _components_digest(components: dict) -> str:
 @functools.lru_cache(maxsize=2)
 def _components(source: str, device: str) -> tuple[dict, str]:
     """The pipeline components of a model source (everything but the transformer) with their identity: an embedded
-    preset's built (seed 0; on the host, the release preset's on ``device``), a checkpoint folder's loaded through
-    the libraries' own loaders onto the host."""
+    preset's built (seed 0) on the host, a checkpoint folder's loaded through the libraries' own loaders onto the
+    host, the release preset's built on ``device`` without its text encoder (:func:`_text_encoder`), identified by
+    their recipe rather than a digest of their weights."""
     if not source.startswith("preset:"):
         from h3gate.checkpoint import components_digest, load_components
 
         return load_components(source), components_digest(source)
     preset = source.split(":")[1]
-    if preset not in COMPONENT_CONFIGS and preset != RELEASE:
+    if preset == RELEASE:
+        recipe = json.dumps(release_recipe(COMPONENTS_SEED, device), sort_keys=True)
+        return build_components(RELEASE, COMPONENTS_SEED, device, text_encoder=False), sha256_bytes(recipe.encode())
+    if preset not in COMPONENT_CONFIGS:
         raise ValueError(f"the generation gate builds the pipeline components of the presets "
                          f"{', '.join(sorted(COMPONENT_CONFIGS))} and {RELEASE}, or loads a checkpoint folder's; "
                          f"{preset!r} has none")
-    components = build_components(preset, COMPONENTS_SEED, device if preset == RELEASE else "cpu")
+    components = build_components(preset, COMPONENTS_SEED)
     return components, _components_digest(components)
+
+
+def _text_encoder(parts: dict, source: str, device: str):
+    """The text encoder to encode with, and whether it was built for this encoding: the release preset's (47 GiB) is
+    built on the device only when an encoding is missing, and dropped after it."""
+    if "text_encoder" in parts:
+        return parts["text_encoder"], False
+    return build_components(RELEASE, COMPONENTS_SEED, device)["text_encoder"], True
 
 
 def _quiet(blocks) -> None:
@@ -234,7 +247,8 @@ def encodings(model: Model, contract: GenerationContract, workflow: str, compone
     Cached under ``out_dir/generation/<model>/<contract>/encodings/<workflow>-<identity digest>.safetensors`` with a
     ``.json`` record of its identity and sha256 (both written atomically, the record last) and checked against that
     sha256 on every read. Made on a miss, with the text encoder moved to ``device`` for the call and back to the host
-    after it, so the transformer, both VAEs and the runs have the device to themselves. ``prompt_embeds`` is returned
+    after it (the release preset's built for the call and then dropped: moved to the meta device, which frees its
+    storage whoever still refers to it), so the transformer, both VAEs and the runs have the device to themselves. ``prompt_embeds`` is returned
     on ``device``, the rest on the host, where diffusers' encoder blocks leave them."""
     parts, components_digest = components
     identity = {
@@ -255,20 +269,22 @@ def encodings(model: Model, contract: GenerationContract, workflow: str, compone
                                 f"delete {path.name} and {record.name} to encode again")
         tensors = safetensors.torch.load_file(path)
         return _unflatten(tensors, device), {"encoded": False, "file": str(path), "sha256": expected}
-    text_encoder = parts["text_encoder"]
+    text_encoder, built = _text_encoder(parts, model.source, device)
     text_encoder.to(device)
     parts["vae"].to(device)
     try:
         start = time.perf_counter()
         encoded = pipeline.encode(
-            pipeline.encoder_pipeline(parts), workflow=workflow, prompt=contract.prompt,
+            pipeline.encoder_pipeline({**parts, "text_encoder": text_encoder}), workflow=workflow, prompt=contract.prompt,
             num_frames=contract.num_frames, height=contract.height, width=contract.width,
             image=load_reference_image() if workflow == "fl2va" else None,
         )
         _synchronize(device)
         seconds = time.perf_counter() - start
     finally:
-        text_encoder.to("cpu")  # released: the device holds the transformer, both VAEs and the runs
+        # released: the device holds the transformer, both VAEs and the runs
+        text_encoder.to("meta" if built else "cpu")
+        del text_encoder
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
     data = safetensors.torch.save(_flatten(encoded))
