@@ -73,7 +73,10 @@ def _freeze(item, gate: registry.Gate, gate_run: registry.GateRun) -> GateResult
     path = module.bounds_file(gate_run)
     if path in item.session.frozen_here:
         return item.frozen(module.load_bounds(gate_run))
-    frozen = module.freeze_item(gate_run)
+    try:
+        frozen = module.freeze_item(gate_run)
+    except bounds_mod.BoundsError as error:  # a refusal that says what to do: its line, not a traceback
+        pytest.fail(f"the {gate.name} gate did not freeze: {error}", pytrace=False)
     item.session.frozen_here.add(path)
     return item.frozen(frozen)
 

@@ -271,8 +271,10 @@ def pytest_generate_tests(metafunc):
         return
     if not marker.args:
         raise pytest.UsageError(f"{metafunc.definition.nodeid}: h3_gate needs a kind, e.g. @pytest.mark.h3_gate('model')")
-    if "h3_gate" not in metafunc.fixturenames:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: a test marked h3_gate must take the h3_gate fixture")
+    fixture = "h3_threshold" if marker.args[0] == "threshold" else "h3_gate"
+    if fixture not in metafunc.fixturenames:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: a test marked h3_gate({marker.args[0]!r}) must take "
+                                f"the {fixture} fixture")
     h3 = metafunc.config.stash[SESSION_KEY]
     kind = marker.args[0]
     lists = {key: value for key, value in marker.kwargs.items() if key in _list_markers()}
@@ -312,6 +314,90 @@ def h3_gate(request, h3_session, record_property):
     params = dict(getattr(request, "param", {}) or {})
     options = {key: value for key, value in marker.kwargs.items() if key not in _list_markers()}
     return h3_session.gate(marker.args[0], params, options, request.node, record_property)
+
+
+# Fixtures for a team's own checks ----------------------------------------------------------------------------
+
+GENERATIONS = pytest.StashKey[list]()  # the generations a test made through h3_generation
+
+
+def _made(node) -> dict:
+    """The artifacts of the generations ``node`` made, keyed ``<role>.<workflow>.seed<k>.<file>``."""
+    return {f"{g.role}.{g.workflow}.seed{g.seed}.{name}": artifact
+            for g in node.stash.get(GENERATIONS, []) for name, artifact in g.artifacts.items()}
+
+
+@pytest.fixture
+def h3_generation(request, h3_session):
+    """``generation(seed, role="candidate", *, contract="generation", workflow=None)``: the session model's
+    generation of ``seed`` under ``thresholds/<model>/<contract>-contract.json`` by ``role`` ("candidate",
+    "provider" or a provider variant's name), an :class:`h3gate.gates.generation.Generation` (video, audio, folder,
+    artifacts, identity in its run folder). Reused from the gate's run store under --h3-out when finished, resumed
+    bit-exactly when partly saved, generated otherwise; its artifacts enter the result and the evidence of the
+    test's ``h3_threshold`` check."""
+    from h3gate import generation_contract, numerics
+    from h3gate.gates import generation
+    from h3gate.gates.threshold import CANDIDATE
+
+    made = request.node.stash.setdefault(GENERATIONS, [])
+
+    def generate(seed: int, role: str = CANDIDATE, *, contract: str = "generation", workflow: str | None = None):
+        if role == CANDIDATE and h3_session.freezing:
+            raise pytest.UsageError("h3_generation: the candidate does not run under --h3-freeze (freezing measures "
+                                    "the provider and its variants only)")
+        loaded = generation_contract.load(h3_session.thresholds / h3_session.model_name / f"{contract}-contract.json")
+        mode = numerics.PROVIDER if role in (CANDIDATE, numerics.PROVIDER.name) else numerics.get(role, h3_session.device)
+        result = generation.run_generation(
+            h3_session.model, loaded, seed, h3_session.device, h3_session.out, workflow=workflow, mode=mode,
+            candidate=h3_session.candidate if role == CANDIDATE else None,
+        )
+        made.append(result)
+        return result
+
+    return generate
+
+
+@pytest.fixture
+def h3_threshold(request, h3_session, record_property):
+    """``threshold(name, measure, *, margin=0.5) -> GateResult``: a team's own metric as a gate
+    (:mod:`h3gate.gates.threshold`); the test carries ``@pytest.mark.h3_gate("threshold")``. ``measure(role)``
+    scores the output of ``role`` ("provider", a variant's name or "candidate") as a number or ``{key: number}``.
+    Under --h3-freeze it freezes and locks the bounds from the provider variants; otherwise it checks the
+    candidate, recorded in the results, JUnit properties and evidence like every gate: one threshold per test."""
+    marker = request.node.get_closest_marker("h3_gate")
+    if marker is None or marker.args[:1] != ("threshold",):
+        raise pytest.UsageError(f"{request.node.nodeid} uses h3_threshold: mark it @pytest.mark.h3_gate('threshold')")
+    called = []
+
+    def threshold(name: str, measure, *, margin: float | None = None):
+        from h3gate.gates.threshold import DEFAULT_MARGIN
+
+        if called:
+            raise pytest.UsageError(f"{request.node.nodeid}: one h3_threshold per test ({called[0]!r} ran already); "
+                                    "give a threshold several keys with a measure that returns a dict")
+        called.append(name)
+        options = {"name": name, "measure": measure, "margin": DEFAULT_MARGIN if margin is None else margin}
+        item = h3_session.gate("threshold", {}, options, request.node, record_property,
+                               artifacts=lambda: _made(request.node))
+        return item.run()
+
+    return threshold
+
+
+@pytest.fixture
+def h3_bounds(request, h3_session, record_property):
+    """``bounds(gate, **params)``: the frozen bounds an item of ``gate`` checks against (``bounds("block", block=0)``,
+    ``bounds("generation", seed=42, contract="generation-preflight")``), or a BoundsError naming the freeze command."""
+    list_params = {param.param for gate in registry.REGISTRY.values() for param in gate.lists}
+
+    def bounds(gate: str, **params):
+        if gate not in registry.REGISTRY:
+            raise pytest.UsageError(f"h3_bounds: unknown gate {gate!r}; gates: {', '.join(registry.kinds())}")
+        options = {key: value for key, value in params.items() if key not in list_params}
+        items = {key: value for key, value in params.items() if key in list_params}
+        return h3_session.gate(gate, items, options, request.node, record_property).bounds()
+
+    return bounds
 
 
 @pytest.hookimpl(trylast=True)

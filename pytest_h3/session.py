@@ -209,26 +209,30 @@ class H3Session:
 
     # Gates ----------------------------------------------------------------------------------------------
 
-    def gate(self, kind, params, options, node, record_property) -> "GateItem":
-        return GateItem(self, kind, params, options, node, record_property)
+    def gate(self, kind, params, options, node, record_property, artifacts=dict) -> "GateItem":
+        return GateItem(self, kind, params, options, node, record_property, artifacts)
 
 
 class GateItem:
     """One gate test item: ``run()`` checks the candidate (or freezes bounds) and records the result."""
 
-    def __init__(self, session: H3Session, kind, params, options, node, record_property):
+    def __init__(self, session: H3Session, kind, params, options, node, record_property, artifacts=dict):
         self.session = session
         self.kind = kind
         self.params = params
         self.options = options
         self.node = node
         self.record_property = record_property
+        self.artifacts = artifacts  # () -> {name: {"path", "sha256"}} the test made (generations of h3_generation)
 
     def run(self) -> GateResult:
         from pytest_h3 import gates
         from pytest_h3.report import device_facts
 
         result = gates.run(self)
+        made = self.artifacts()
+        if made:
+            result.context.setdefault("artifacts", {}).update(made)
         if self.session.model_loaded:  # an item that failed before building the model (missing bounds) names none
             result.context.setdefault("model", {"name": self.session.model.name, "identity": self.session.model.identity,
                                                 "source": self.session.model.source})
@@ -257,14 +261,31 @@ class GateItem:
             required_override=option("--h3-skip-model-gate"), progress=self.progress, stream=self.progress_stream(),
         )
 
-    def missing_bounds(self, error: Exception) -> GateResult:
-        """Missing or unusable bounds fail the gate and say exactly how to freeze them."""
+    def bounds(self):
+        """The frozen bounds this item checks against (what ``h3_bounds`` returns); missing or unusable bounds are a
+        :class:`h3gate.bounds.BoundsError` ending in the command that freezes them."""
+        from h3gate import bounds as bounds_mod
+        from h3gate import gates as registry
+
+        module = registry.REGISTRY[self.kind].module
+        gate_run = self.gate_run()
+        if module.bounds_file(gate_run) is None:
+            raise bounds_mod.BoundsError(f"the {self.kind} gate freezes no bounds")
+        try:
+            return module.load_bounds(gate_run)
+        except bounds_mod.BoundsError as error:
+            raise bounds_mod.BoundsError(f"{error}; freeze them with the {self.kind} gate's test, e.g. "
+                                         f"{self.freeze_command('tests/gates')}") from None
+
+    def freeze_command(self, target: str) -> str:
         from h3gate.status import freeze_command
 
-        config = self.session.config
-        command = freeze_command(self.node.nodeid, config.getoption("--h3-model"), config.getoption("--h3-device"),
-                                 config.getoption("--h3-thresholds"))
-        reason = f"{error}; freeze them with: {command}"
+        option = self.session.config.getoption
+        return freeze_command(target, option("--h3-model"), option("--h3-device"), option("--h3-thresholds"))
+
+    def missing_bounds(self, error: Exception) -> GateResult:
+        """Missing or unusable bounds fail the gate and say exactly how to freeze them."""
+        reason = f"{error}; freeze them with: {self.freeze_command(self.node.nodeid)}"
         return GateResult(self.kind, self.params, [Check.failed("bounds", "missing", reason)])
 
     def frozen(self, frozen) -> GateResult:

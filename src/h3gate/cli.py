@@ -359,7 +359,7 @@ def _power(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from h3gate.gates import kinds
+    from h3gate.gates import REGISTRY
 
     parser = argparse.ArgumentParser(
         prog="h3gate",
@@ -484,8 +484,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="candidate the mutants are made from (default: h3_triton on a GPU; provider on CPU, where Triton's "
         "interpreter makes each h3_triton gate run take minutes - the bugs are emulated identically around either)",
     )
-    power.add_argument("--gates", default=None, help="comma-separated gates (default: every registered gate but power: "
-                       + ", ".join(name for name in kinds() if name != "power") + ")")
+    power.add_argument("--gates", default=None, help="comma-separated gates (default: every registered gate but power "
+                       "and those a test measures: " + ", ".join(
+                           name for name, gate in REGISTRY.items() if name != "power" and not gate.measured_by_test) + ")")
     power.add_argument("--mutants", default=None, help="comma-separated mutants (default: all)")
     power.add_argument("--variants", default=None, help="comma-separated provider variants (default: all of the device)")
     power.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")

@@ -65,6 +65,7 @@ class Gate:
     requires: str | None = None  # a gate whose pass a check needs (and waits for under xdist)
     frozen_nothing: str | None = None  # why freezing skips this gate, when it has nothing to freeze
     module_name: str = ""
+    measured_by_test: bool = False  # its measure is the test's own function: the power gate cannot run it
 
     @property
     def module(self):
@@ -99,6 +100,7 @@ register(Gate("kernel", (OPS, DTYPES), frozen_nothing="the kernel gate has no bo
 register(Gate("block", (BLOCKS,)))
 register(Gate("model"))
 register(Gate("generation", (SEEDS,), requires="model"))
+register(Gate("threshold", measured_by_test=True))
 register(Gate("power", module_name="h3gate.power", frozen_nothing="the power measurement freezes nothing: it uses the bounds the other gates froze"))
 
 
