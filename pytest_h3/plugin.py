@@ -338,6 +338,7 @@ def h3_generation(request, h3_session):
     from h3gate import generation_contract, numerics
     from h3gate.gates import generation
     from h3gate.gates.threshold import CANDIDATE
+    from pytest_h3.progress import Terminal
 
     made = request.node.stash.setdefault(GENERATIONS, [])
 
@@ -349,7 +350,7 @@ def h3_generation(request, h3_session):
         mode = numerics.PROVIDER if role in (CANDIDATE, numerics.PROVIDER.name) else numerics.get(role, h3_session.device)
         result = generation.run_generation(
             h3_session.model, loaded, seed, h3_session.device, h3_session.out, workflow=workflow, mode=mode,
-            candidate=h3_session.candidate if role == CANDIDATE else None,
+            candidate=h3_session.candidate if role == CANDIDATE else None, progress=Terminal(request.config),
         )
         made.append(result)
         return result
