@@ -86,10 +86,11 @@ def _changes(mutant, base, dims, generator) -> bool:
 
 
 def test_each_mutant_changes_its_op():
-    """At the op's block layout example or its first edge example (shape-conditional mutants differ only there)."""
+    """At the op's block layout example or its first edge example (shape-conditional mutants differ only there).
+    Contract mutants compute their base's values and gradients: what they change, the contract checks show."""
     generator = torch.Generator().manual_seed(0)
     base = ProviderCandidate().kernel_ops()
-    for mutant in MUTANTS.values():
+    for mutant in (m for m in MUTANTS.values() if m.name not in CONTRACT_ONLY):
         spec = kernel_gate.OP_SPECS[mutant.op]
         shapes = (spec.examples[0], kernel_gate.edge_examples(spec, kernel_gate.INTERPRETER_LIMITS)[0])
         assert any(_changes(mutant, base, dims, generator) for dims in shapes), \
@@ -127,7 +128,7 @@ def test_kernel_gate_gates_no_relative_error_of_a_reference_that_is_rounding_res
         return ops["attention"](_EditGradient.apply(q, lambda g: g + 1e-3), k, v)
 
     (grad_q,) = [c for c in kernel_gate.evaluate(spec, noisy, dims, torch.float32, "cpu", seed=0)
-                 if c.detail["output"] == "grad_q"]
+                 if (c.detail["output"], c.kind) == ("grad_q", "max_abs")]
     assert not grad_q.passed, grad_q.line()
 
 
@@ -173,3 +174,36 @@ def test_kernel_gate_of_one_dtype_says_so_and_checks_only_it():
     assert {c.detail["dtype"] for c in result.checks} == {"float32"}
     with pytest.raises(ValueError, match="give one or more of bfloat16, float32"):
         kernel_gate.check(ProviderCandidate(), "swiglu", "cpu", dtypes=("float16",))
+
+
+# Mutants whose values and gradients are their base's, with the contract checks that alone catch them.
+CONTRACT_ONLY = {
+    "residual-in-place": {"inputs_unchanged", "output_contract"},  # the residual overwritten, and returned
+    "rms-output-float32": {"output_contract"},  # float32 where the provider's output is bfloat16
+    "single-key-returns-v": {"output_contract"},  # the output aliases v
+}
+
+
+@pytest.mark.parametrize("name", CONTRACT_ONLY)
+def test_kernel_gate_catches_op_contract_breaches(name):
+    mutant = MutantCandidate(name, ProviderCandidate())
+    assert mutant.mutant.caught_by == ("kernel",)
+    result = kernel_gate.check(mutant, mutant.mutant.op, "cpu", max_examples=2, shrink=False)
+    failures = [c for c in result.checks if not c.passed]
+    assert {c.kind for c in failures} == CONTRACT_ONLY[name], [c.line() for c in failures]
+    # One line naming the op, the shape, the dtype, the output or input and what differed.
+    line = failures[0].line()
+    assert line.startswith(f"{mutant.mutant.op}[") and "rows=" in line and "float" in line and "shape (" in line, line
+
+
+@pytest.mark.parametrize("candidate", ["provider", "h3_triton"])
+def test_op_contract_checks_pass_the_provider_and_h3_triton(candidate):
+    """Every op at its first edge example (odd widths, batch 2) in bfloat16: a contract check per output and
+    gradient, one on the inputs, and all pass."""
+    ops = load(candidate).kernel_ops()
+    for op, spec in kernel_gate.OP_SPECS.items():
+        dims = kernel_gate.edge_examples(spec, kernel_gate.INTERPRETER_LIMITS)[0]
+        checks = kernel_gate.evaluate(spec, ops[op], dims, torch.bfloat16, "cpu", seed=0)
+        contract = [c for c in checks if c.kind in ("output_contract", "inputs_unchanged", "determinism")]
+        assert {c.kind for c in contract} == {"output_contract", "inputs_unchanged", "determinism"}, op
+        assert all(c.passed for c in contract), [c.line() for c in contract if not c.passed]

@@ -46,6 +46,21 @@ class _EditGradient(torch.autograd.Function):
         return ctx.edit(grad), None
 
 
+class _WrittenInto(torch.autograd.Function):
+    """``value`` written into ``target``'s memory and returned in it, as a kernel storing through a pointer does:
+    autograd's version counter stays as it was, so nothing notices. The gradient passes to ``value``."""
+
+    @staticmethod
+    def forward(ctx, value, target):
+        with torch.autograd._unsafe_preserve_version_counter(target):
+            target.copy_(value)
+        return target.view_as(target)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None
+
+
 def dropped_key_tile(attention):
     """Attention that forgets the last partial key tile (a masking bug of flash kernels).
 
@@ -275,6 +290,40 @@ def norm_weight_grad_first_batch(rms_norm_modulate):
     return broken
 
 
+def residual_in_place(gated_residual):
+    """A gated residual added into its residual input in place and returned in it (``residual += gate * y``).
+
+    Its values and gradients are right; the caller's residual is overwritten, and the output aliases it."""
+
+    def broken(residual, y, gate=None, idx=None):
+        return _WrittenInto.apply(gated_residual(residual, y, gate, idx), residual.detach())
+
+    return broken
+
+
+def output_float32(op):
+    """An output allocated in float32, the compute dtype, holding the values rounded to the input's dtype.
+
+    Only on the unvectorized path, rows whose width is not a multiple of 8: the model's widths never are (in it the
+    next GEMM would refuse the float32 input), the kernel gate's odd-width edge examples are."""
+
+    def broken(*args, **kwargs):
+        out = op(*args, **kwargs)
+        return out.float() if out.shape[-1] % 8 else out
+
+    return broken
+
+
+def single_key_returns_v(attention):
+    """Attention short-cutting a one-key sequence to its values (exact: softmax over one key is 1) by returning
+    ``v`` itself, not a copy, so the output aliases an input."""
+
+    def broken(q, k, v):
+        return v if k.shape[1] == 1 else attention(q, k, v)
+
+    return broken
+
+
 MUTANTS = {
     m.name: m
     for m in (
@@ -304,6 +353,12 @@ MUTANTS = {
         Mutant("last-row-neighbour-gate", "gated_residual", ("kernel",), last_row_neighbour_gate),
         Mutant("key-tail-grad-dropped", "attention", ("kernel",), key_tail_grad_dropped),
         Mutant("norm-weight-grad-first-batch", "rms_norm_modulate", ("kernel",), norm_weight_grad_first_batch),
+        # Op-contract breaches: values and gradients exactly the base's, so in the kernel gate only its contract
+        # checks (inputs unchanged, outputs' dtype, shape, device and storage) see them. (In the model, the
+        # residual overwritten in place also corrupts gradients that saved it: the model gate saw that on CPU.)
+        Mutant("residual-in-place", "gated_residual", ("kernel",), residual_in_place),
+        Mutant("rms-output-float32", "rms_norm_modulate", ("kernel",), output_float32),
+        Mutant("single-key-returns-v", "attention", ("kernel",), single_key_returns_v),
     )
 }
 

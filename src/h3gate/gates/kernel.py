@@ -7,7 +7,9 @@ error of the worst element, which a bug confined to a few rows or one tile canno
 precision, for the mean error signed along the reference, its bias, at most 2 x torch's plus a few of its own standard errors
 (a scaling or truncation bug errs one way by less than an ULP, which no bound on the error's size sees). No fixed
 atol: the floor scales with the reference. Also per op: two runs bitwise equal, and inputs carved out of
-NaN-filled buffers (padding NaN must never reach an output or gradient).
+NaN-filled buffers (padding NaN must never reach an output or gradient). And the op's contract with its caller,
+which no error measure sees: every output and gradient has the provider's dtype, shape and device and owns its
+memory (shares no storage with an input), and the inputs are unchanged after the forward and the backward.
 
 hypothesis draws the shapes (ragged sequence lengths, non-power-of-two widths, all head dims, random row
 tables): it explores edges a hand-written list misses, shrinks a failure to its smallest shape, and
@@ -321,17 +323,76 @@ def _prepared(built: dict, dtype: torch.dtype, device, poison: bool, reference: 
     return out
 
 
-def _forward_backward(fn, built, dtype, device, upstream_seed, poison=False, reference=False) -> dict[str, torch.Tensor]:
+@dataclass
+class _Run:
+    """One forward and backward: its outputs and gradients (detached, on the run's device), the tensors it was
+    given and which of them it changed in place (name -> the pass that did)."""
+
+    results: dict[str, torch.Tensor]
+    inputs: dict[str, torch.Tensor]
+    changed: dict[str, str]
+
+    def cpu(self) -> dict[str, torch.Tensor]:
+        return {k: v.cpu() for k, v in self.results.items()}
+
+
+def _forward_backward(fn, built, dtype, device, upstream_seed, poison=False, reference=False) -> _Run:
     args = _prepared(built, dtype, device, poison, reference)
+    inputs = {name: value for name, value in args.items() if isinstance(value, torch.Tensor)}
+    before = {name: value.detach().clone() for name, value in inputs.items()}
+    changed: dict[str, str] = {}
+
+    def note_changes(phase: str) -> None:
+        changed.update({name: phase for name, value in inputs.items()
+                        if name not in changed and not torch.equal(value.detach(), before[name])})
+
     out = fn(**args)
+    note_changes("forward")
     # The upstream gradient is drawn at the run's precision too, so every run back-propagates the same values.
     upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(upstream_seed), dtype=torch.float64)
     (out.double() * upstream.to(dtype).double().to(device)).sum().backward()
+    note_changes("backward")
     results = {"out": out.detach()}
     for name in built["grads"]:
         grad = args[name].grad
         results[f"grad_{name}"] = grad if grad is not None else torch.zeros_like(args[name])
-    return {k: v.detach().cpu() for k, v in results.items()}
+    return _Run({k: v.detach() for k, v in results.items()}, inputs, changed)
+
+
+def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether the memory under ``a`` and ``b`` overlaps: any view of one buffer shares it whole."""
+    sa, sb = a.untyped_storage(), b.untyped_storage()
+    return sa.data_ptr() < sb.data_ptr() + sb.nbytes() and sb.data_ptr() < sa.data_ptr() + sa.nbytes()
+
+
+def _contract_breach(got: torch.Tensor, want: torch.Tensor, inputs: dict[str, torch.Tensor]) -> str | None:
+    """How an output breaks the provider's contract, None where it keeps it. The next op relies on its dtype, shape
+    and device, and on owning its memory: an output sharing an input's storage changes when either is written."""
+    def shown(value):
+        return tuple(value) if isinstance(value, torch.Size) else str(value).removeprefix("torch.")
+
+    for what in ("dtype", "shape", "device"):
+        if getattr(got, what) != getattr(want, what):
+            return f"{what} {shown(getattr(got, what))}, provider's {shown(getattr(want, what))} (shape {tuple(want.shape)})"
+    shared = [name for name, tensor in inputs.items() if got.device == tensor.device and _shares_storage(got, tensor)]
+    return f"shares storage with input(s) {', '.join(shared)} (shape {tuple(got.shape)})" if shared else None
+
+
+def _verdict(where: str, kind: str, problem: str | None, key: dict) -> Check:
+    """A check that fails for a reason (``problem``) or passes where there is none."""
+    return Check.failed(where, kind, problem, **key) if problem else Check(where, kind, 0.0, 0.0, True, key)
+
+
+def _contract_checks(label: str, dtype_name: str, candidate: _Run, provider: _Run) -> list[Check]:
+    """The op's contract with its caller, which no error measure sees: its inputs unchanged (``inputs_unchanged``)
+    and every output and gradient as the provider's (``output_contract``)."""
+    changed = [f"{name} (shape {tuple(candidate.inputs[name].shape)}) by the {phase}" for name, phase in candidate.changed.items()]
+    checks = [_verdict(f"{label}.inputs", "inputs_unchanged", f"changed in place: {', '.join(changed)}" if changed else None,
+                       {"output": "inputs", "dtype": dtype_name})]
+    for name, got in candidate.results.items():
+        breach = _contract_breach(got, provider.results[name], candidate.inputs)
+        checks.append(_verdict(f"{label}.{name}", "output_contract", breach, {"output": name, "dtype": dtype_name}))
+    return checks
 
 
 def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtype, device: str, seed: int) -> list[Check]:
@@ -340,16 +401,17 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
     # float64 arithmetic on the very inputs the low-precision runs get (rounded to their dtypes), as
     # flash-attention's tests do: the errors then measure the ops' arithmetic, not the rounding of the inputs
     # every run shares.
-    reference = _forward_backward(spec.op.provider, built, dtype, "cpu", seed, reference=True)
+    reference = _forward_backward(spec.op.provider, built, dtype, "cpu", seed, reference=True).cpu()
     # Two runs are compared bitwise, so torch's own ops run deterministically in both (on CUDA the provider's
     # index_select and SDPA backwards otherwise add with atomics in any order), and in torch's run beside them.
     with numerics.deterministic():
         torch_low = _forward_backward(spec.op.provider, built, dtype, device, seed)
         candidate = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
-        again = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
+        again = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True).cpu()
     dtype_name = str(dtype).removeprefix("torch.")
     label = f"{spec.op.name}[{_dims_label(dims)}, {dtype_name}]"
-    checks = []
+    checks = _contract_checks(label, dtype_name, candidate, torch_low)
+    torch_low, candidate = torch_low.cpu(), candidate.cpu()
     eps = torch.finfo(dtype).eps
     # The floor's magnitude: the reference's own, or, where the reference is below a few float32 ULP of the op's
     # natural scale (the largest magnitude among all its reference outputs), that natural scale. Such a reference
@@ -363,14 +425,13 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
         key = {"output": name, "dtype": dtype_name}
         got = candidate[name]
         if got.shape != ref.shape:
-            checks.append(Check.failed(where, "shape", f"shape {tuple(got.shape)}, expected {tuple(ref.shape)}", **key))
-            continue
+            continue  # its output_contract check says so
         bad = int((~torch.isfinite(got)).sum())
         if bad:
             checks.append(Check.failed(where, "non_finite", f"{bad} NaN/Inf (NaN padding leaked or overflow)", value=float(bad), **key))
             continue
-        if not torch.equal(got, again[name]):
-            checks.append(Check.failed(where, "determinism", "two runs differ bitwise", **key))
+        repeated = torch.equal(got, again[name])
+        checks.append(_verdict(where, "determinism", None if repeated else "two runs on the same inputs differ bitwise", key))
         cand_rel, cand_abs = relative_l2(got, ref), max_abs(got, ref)
         torch_rel, torch_abs = relative_l2(torch_low[name], ref), max_abs(torch_low[name], ref)
         peak = ref.double().abs().max().item() if ref.numel() else 0.0
