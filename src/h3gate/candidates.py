@@ -79,9 +79,13 @@ class ProgramCandidate(Candidate):
             raise CandidateError(f"{name or self.name}: unknown op group(s) {unknown}; groups: {'+'.join(OP_GROUPS)}")
         self.kernels = dict(kernels)
         self.provider_groups = tuple(group for group in OP_GROUPS if group in provider_groups)
-        self.ops = ops_from_kernels(self.kernels).mixed(PROVIDER_OPS, self.provider_groups)
+        self.ops = ops_from_kernels(self._program_kernels()).mixed(PROVIDER_OPS, self.provider_groups)
         if name is not None:
             self.name = name
+
+    def _program_kernels(self) -> dict:
+        """The standalone ops the block program calls: the kernels themselves (a subclass may wrap them)."""
+        return self.kernels
 
     def identity(self) -> dict:
         return {"name": self.name, "provider_groups": list(self.provider_groups)}
@@ -242,14 +246,24 @@ class Replacement:
 
 
 class ReplacedCandidate(ProgramCandidate):
-    """The provider with some ops replaced: the kernel gate qualifies those ops only, at the dtypes declared."""
+    """The provider with some ops replaced: the kernel gate qualifies those ops only, at the dtypes declared. In the
+    model, block and generation gates each replaced op runs counted (:mod:`h3gate.coverage`), so an op that
+    declines every call (returns ``NotImplemented``) is caught as a kernel that never ran."""
 
     def __init__(self, name: str, ops: dict, supports: dict, options: dict):
+        from h3gate.coverage import Coverage
         from h3gate.provider_ops import OPS as PROVIDER
 
         _check_ops(name, ops)
-        super().__init__({**PROVIDER, **ops}, name=name)
         self.replaced, self.supports, self.options = dict(ops), supports, options
+        self.coverage = Coverage(self.replaced)
+        super().__init__({**PROVIDER, **ops}, name=name)
+
+    def _program_kernels(self) -> dict:
+        from h3gate.provider_ops import OPS as PROVIDER
+
+        counted = {op: self.coverage.counted(op, self.kernels[op], PROVIDER[op]) for op in self.replaced}
+        return {**self.kernels, **counted}
 
     @functools.cached_property
     def packages(self) -> list[dict]:
@@ -279,6 +293,11 @@ def replace(name: str, ops, *, supports: dict | None = None, options: dict[str, 
     returning that map; ``supports={"dtypes": ("bfloat16",)}`` says where the kernels apply, so the kernel gate
     qualifies exactly that. Register the result (:func:`register`) or name it by an ``h3gate.candidates`` entry
     point; its identity pins the distribution, version and source of every package whose functions it installs.
+
+    An op function may decline a call by returning ``NotImplemented`` (a shape or dtype its kernel does not take):
+    the provider's op then runs on the same arguments. The model, block and generation gates count per op the calls
+    it served and those it handed back (``context["coverage"]`` of their results) and fail an op that served none:
+    ``coverage.<op>: kernel never ran``. The kernel gate calls your ops directly, without that fallback.
     """
     return Replacement(name, ops, supports or {}, options or {})
 

@@ -32,7 +32,7 @@ import torch
 from safetensors.torch import load as safetensors_load
 
 from h3gate import bounds as bounds_mod
-from h3gate import numerics, seeded
+from h3gate import coverage, numerics, seeded
 from h3gate.block_program import BLOCK_TAP_POINTS, OP_GROUPS, PROVIDER_OPS, TAP_POINT, transformer_block_forward
 from h3gate.candidates import Candidate, CandidateError
 from h3gate.compare import relative_l2, ulp_distance
@@ -364,7 +364,7 @@ def _check(model, candidate, frozen, device, block, out_dir, progress, diagnosti
             provider_ulp = ulp_histograms(provider, golden)
     del provider
     progress(f"candidate {candidate.name}")
-    with timed(timings, "candidate"):
+    with timed(timings, "candidate"), coverage.counting(candidate) as counts:  # not the hybrids' calls
         measured = candidate_replay(model, block, inputs, device, candidate)
         candidate_errors = _errors(measured, golden)
     ulp, rendering = {}, None
@@ -391,7 +391,7 @@ def _check(model, candidate, frozen, device, block, out_dir, progress, diagnosti
         with timed(timings, "attribution"):
             attribution, consistency = attribute(model, block, inputs, device, candidate, golden, frozen, progress)
         checks += consistency
-    return GateResult(
+    return coverage.judged(GateResult(
         gate=GATE,
         params={"block": block},
         checks=checks,
@@ -405,7 +405,7 @@ def _check(model, candidate, frozen, device, block, out_dir, progress, diagnosti
         },
         metrics={"candidate": candidate_errors, "provider": provider_errors, "attribution": attribution, "ulp": ulp},
         timings=timings,
-    )
+    ), counts)
 
 
 def attribute(model, block, inputs, device, candidate, golden, frozen, progress):

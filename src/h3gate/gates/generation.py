@@ -19,6 +19,8 @@ device, which at release size holds the transformer, both VAEs and the runs.
 4. Metrics (:mod:`h3gate.metrics`) against the provider's generation under both rules, ``fixed`` (the
    contract's bounds) and ``calibrated`` (the frozen bounds); the contract's ``gating_rule`` makes the checks,
    the other rule is reported in ``GateResult.metrics``.
+5. Coverage (:mod:`h3gate.coverage`): each replaced op of the candidate must have served some of its calls over the
+   seed's generations; the counts are saved with each step, so a reused or resumed generation keeps them.
 
 :func:`freeze`, before any candidate generates: the provider and every variant generate every seed; per gated
 metric the worst value over the variants, workflows and seeds, widened by the contract's margin ``m`` as the metric's row
@@ -72,7 +74,7 @@ import safetensors.torch
 import torch
 
 from h3gate import bounds as bounds_mod
-from h3gate import gate_passes, metrics, numerics, pipeline, resume
+from h3gate import coverage, gate_passes, metrics, numerics, pipeline, resume
 from h3gate.candidates import Candidate, CandidateError
 from h3gate.files import FileFormatError, read_json, sha256_bytes, sha256_file, write_atomic, write_json
 from h3gate.generation_contract import GenerationContract
@@ -109,6 +111,7 @@ class Generation:
     reused: bool
     verified_step: int | None = None
     costs: dict = field(default_factory=dict)  # decodes (saved with the run), transformer calls made now
+    coverage: dict = field(default_factory=dict)  # replaced ops' calls over every step (:mod:`h3gate.coverage`)
 
     def summary(self) -> dict:
         return {
@@ -363,14 +366,24 @@ def run_generation(
                              mode, device)
     folder = run_folder(out_dir, model, contract, role, workflow, seed, identity)
     call_seconds: list[float] = []
+    call_coverage: list[dict] = []  # per call computed here, its replaced ops' counts
+    described: list[dict] = []  # the info of every step saved here
     scoped = numerics.scoped(mode, numerics.runner(mode, transformer.forward))
 
     def call(**inputs):
         start = time.perf_counter()
-        outputs = scoped(**inputs)
+        with coverage.counting(candidate) as counts:
+            outputs = scoped(**inputs)
         _synchronize(device)
         call_seconds.append(time.perf_counter() - start)
+        call_coverage.append(counts)
         return outputs
+
+    def describe(inputs):
+        """A saved step's info; its ops' counts go with it, so a reused or resumed generation still has them."""
+        info = _describe(inputs) | ({"coverage": call_coverage[-1]} if call_coverage[-1] else {})
+        described.append(info)
+        return info
 
     with resume.Run(
         folder,
@@ -386,7 +399,7 @@ def run_generation(
         decodes: dict = {}  # measured in this process; kept out of the run folder, which a resume repeats bitwise
         if not reused or verify_last_step:
             installed = candidate.installed(transformer) if candidate is not None else contextlib.nullcontext()
-            with installed, run.intercept(transformer, call, _describe), pipeline.decode_costs(pipe) as decodes:
+            with installed, run.intercept(transformer, call, describe), pipeline.decode_costs(pipe) as decodes:
                 video, audio = generate(
                     pipe,
                     workflow=workflow,
@@ -423,6 +436,8 @@ def run_generation(
                 "vae_tiling": run.finished.get("tiling"),
                 "transformer_call_seconds": call_seconds,
             },
+            coverage=coverage.total(*(info.get("coverage", {}) for info in
+                                      [*(sidecar["info"] for sidecar in run.saved), *described])),
         )
 
 
@@ -614,7 +629,8 @@ def check(
         checks += found
         if values is not None:
             report["workflows"][workflow] = values
-    return GateResult(GATE, {"seed": seed}, checks, context, report, timings)
+    counts = coverage.total(*(ran.get("coverage", {}) for ran in context["workflows"].values()))
+    return coverage.judged(GateResult(GATE, {"seed": seed}, checks, context, report, timings), counts)
 
 
 def _check_workflow(model, candidate, contract, frozen, device, workflow, seed, out_dir, timings, *, verify_last_step,
@@ -641,6 +657,8 @@ def _check_workflow(model, candidate, contract, frozen, device, workflow, seed, 
         ]
         return checks, context, None
     context["candidate_run"] = generated.summary()
+    if generated.coverage:
+        context["coverage"] = generated.coverage
     context["noise_digests"] = {"provider": reference.first_call_inputs, "candidate": generated.first_call_inputs}
     context["artifacts"] = {"provider": reference.artifacts, "candidate": generated.artifacts}
     mismatch = resume.start_mismatch(reference.first_call_inputs, generated.first_call_inputs)

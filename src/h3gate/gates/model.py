@@ -4,7 +4,8 @@ Freeze (provider configurations only, never the candidate): the provider and eve
 golden; their relative L2 to golden per tap gives the bounds by the ensemble rule. Check: the provider (for the
 report) and the candidate streamed against golden; per tap the candidate's relative L2 to golden must not exceed
 its bound; the run's tap inventory must equal the bounds' keys; a gradient that is exactly zero where golden's is
-not fails whatever its bound; non-finite output is an error naming the tap.
+not fails whatever its bound; non-finite output is an error naming the tap; a replaced op that served none of its
+calls fails (:mod:`h3gate.coverage`).
 
 Every run is streamed (:func:`h3gate.streaming.stream_errors`): golden made one block at a time, the compared runs
 in lockstep with it, every tap reduced to its errors as it appears, the backward recomputing each block from its
@@ -18,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from h3gate import bounds as bounds_mod
-from h3gate import numerics
+from h3gate import coverage, numerics
 from h3gate.candidates import Candidate
 from h3gate.contract import ModelContract, load_model_contract, model_inputs
 from h3gate.files import sha256_file
@@ -87,8 +88,9 @@ def check(
     inputs, upstream = model_inputs(contract, model.config)
     phase_timings: dict[str, float] = {}
     runs = {"provider": (numerics.PROVIDER, None), "candidate": (numerics.PROVIDER, candidate)}
-    streamed = stream_errors(model, device, numerics.GOLDEN, runs, inputs, upstream, progress=progress,
-                             timings=phase_timings)
+    with coverage.counting(candidate) as counts:
+        streamed = stream_errors(model, device, numerics.GOLDEN, runs, inputs, upstream, progress=progress,
+                                 timings=phase_timings)
     candidate_errors, provider_errors = streamed["candidate"], streamed["provider"]
     checks = inventory_checks(set(candidate_errors), set(frozen.bounds))
     for tap, metrics in candidate_errors.items():
@@ -100,7 +102,7 @@ def check(
                 Check.failed(tap, "zero_gradient", "exactly zero where golden's is not", **detail)
             )
         checks.append(Check(tap, "relative_l2", metrics["relative_l2"], frozen.bounds[tap], metrics["relative_l2"] <= frozen.bounds[tap], detail))
-    return GateResult(
+    return coverage.judged(GateResult(
         gate=GATE,
         params={},
         checks=checks,
@@ -114,7 +116,7 @@ def check(
         },
         metrics={"candidate": candidate_errors, "provider": provider_errors},
         timings=_phase_seconds(phase_timings),
-    )
+    ), counts)
 
 
 def inventory_checks(measured: set[str], expected: set[str]) -> list[Check]:
