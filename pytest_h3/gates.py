@@ -1,5 +1,6 @@
 """How a gate item of any registered kind calls the engine through the gate protocol (:mod:`h3gate.gates`): freeze
-under --h3-freeze, else load the frozen bounds (a missing file fails at once, before a model is built) and check.
+under --h3-freeze, else load the frozen bounds (a missing file fails at once, before a model is built) and check;
+a :class:`h3gate.candidates.CandidateError` (NaN, a crash of a kernel, a broken op contract) is a failed verdict.
 
 A gate that another gate requires (the model gate, which generations wait for) records every outcome of its items
 (passed, failed, crashed, missing bounds) under this run's id, so the waiting items - maybe on other xdist workers -
@@ -15,7 +16,8 @@ import pytest
 from h3gate import bounds as bounds_mod
 from h3gate import gate_passes
 from h3gate import gates as registry
-from h3gate.verdict import GateResult
+from h3gate.candidates import CandidateError
+from h3gate.verdict import Check, GateResult
 from pytest_h3 import distribution
 
 
@@ -95,6 +97,8 @@ def _check(item, gate: registry.Gate, gate_run: registry.GateRun) -> GateResult:
         return module.check_item(gate_run, frozen)
     except bounds_mod.BoundsError as error:
         return item.missing_bounds(error)
+    except CandidateError as error:  # NaN, a crash or a broken op contract: the candidate's verdict, not a crash
+        return GateResult(gate.name, item.params, [Check.failed("candidate", "error", str(error))])
     except registry.ItemError as error:
         raise pytest.UsageError(f"{item.node.nodeid}: {error}") from None
     except registry.NotClaimed as error:

@@ -142,7 +142,8 @@ def _copy(source, target, leave_out=()):
 @pytest.mark.parametrize(
     "candidate, leave_out, outcome",
     [
-        ("crashes", (), "crashed: CandidateError: *RuntimeError: boom: the kernel launch failed"),
+        ("crashes", (), "failed: model gate FAILED 1/1 checks; worst candidate: error: candidate crashes failed in the "
+                        "whole-model run: RuntimeError: boom: the kernel launch failed"),
         ("provider", ("model-bounds.json",), "missing bounds: no frozen model bounds at *model-bounds.json; "
          "freeze them with: pytest test_gates.py::test_model --h3-freeze --h3-model=tiny --h3-device=cpu"),
     ],

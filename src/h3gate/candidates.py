@@ -72,28 +72,36 @@ class ProgramCandidate(Candidate):
     run as the provider's instead (``provider_groups``)."""
 
     def __init__(self, kernels: dict, provider_groups=(), name: str | None = None):
-        from h3gate.block_program import OP_GROUPS, PROVIDER_OPS, ops_from_kernels
+        from h3gate.block_program import OP_GROUPS
 
         unknown = sorted(set(provider_groups) - set(OP_GROUPS))
         if unknown:
             raise CandidateError(f"{name or self.name}: unknown op group(s) {unknown}; groups: {'+'.join(OP_GROUPS)}")
         self.kernels = dict(kernels)
         self.provider_groups = tuple(group for group in OP_GROUPS if group in provider_groups)
-        self.ops = ops_from_kernels(self._program_kernels()).mixed(PROVIDER_OPS, self.provider_groups)
         if name is not None:
             self.name = name
 
-    def _program_kernels(self) -> dict:
-        """The standalone ops the block program calls: the kernels themselves (a subclass may wrap them)."""
-        return self.kernels
+    def _program_kernels(self, kernels: dict) -> dict:
+        """The standalone ops the block program calls: ``kernels`` themselves (a subclass may wrap them)."""
+        return kernels
 
     def identity(self) -> dict:
         return {"name": self.name, "provider_groups": list(self.provider_groups)}
 
     def install(self, transformer):
-        from h3gate.block_program import Installation
+        """The block program over the kernels, the first call of each held to the op contract
+        (:mod:`h3gate.op_contract`): a breach is a :class:`CandidateError` naming the op, a verdict of the gate."""
+        from h3gate.block_program import PROVIDER_OPS, Installation, ops_from_kernels
+        from h3gate.op_contract import first_calls_checked
+        from h3gate.provider_ops import OPS as PROVIDER
 
-        return Installation(transformer, self.ops)
+        def breach(op: str, problem: str):
+            raise CandidateError(f"candidate {self.name}: {op} broke the op contract on its first call of the run: "
+                                 f"{problem}; the kernel gate shows where (pytest -m gate -k {op})")
+
+        kernels = self._program_kernels(first_calls_checked(self.kernels, PROVIDER, breach))
+        return Installation(transformer, ops_from_kernels(kernels).mixed(PROVIDER_OPS, self.provider_groups))
 
     def _derived(self, kernels: dict, provider_groups) -> "ProgramCandidate":
         derived = copy.copy(self)
@@ -259,11 +267,11 @@ class ReplacedCandidate(ProgramCandidate):
         self.coverage = Coverage(self.replaced)
         super().__init__({**PROVIDER, **ops}, name=name)
 
-    def _program_kernels(self) -> dict:
+    def _program_kernels(self, kernels: dict) -> dict:
         from h3gate.provider_ops import OPS as PROVIDER
 
-        counted = {op: self.coverage.counted(op, self.kernels[op], PROVIDER[op]) for op in self.replaced}
-        return {**self.kernels, **counted}
+        counted = {op: self.coverage.counted(op, kernels[op], PROVIDER[op]) for op in self.replaced}
+        return {**kernels, **counted}
 
     @functools.cached_property
     def packages(self) -> list[dict]:
@@ -297,7 +305,7 @@ def replace(name: str, ops, *, supports: dict | None = None, options: dict[str, 
     An op function may decline a call by returning ``NotImplemented`` (a shape or dtype its kernel does not take):
     the provider's op then runs on the same arguments. The model, block and generation gates count per op the calls
     it served and those it handed back (``context["coverage"]`` of their results) and fail an op that served none:
-    ``coverage.<op>: kernel never ran``. The kernel gate calls your ops directly, without that fallback.
+    ``coverage.<op>: kernel never ran``. The kernel gate records a shape an op declines and qualifies the others.
     """
     return Replacement(name, ops, supports or {}, options or {})
 

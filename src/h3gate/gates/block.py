@@ -337,8 +337,8 @@ def freeze(model, contract, device, block, thresholds, variant_names=None, force
 
 def check(model, candidate, contract, frozen, device, block, out_dir, progress=lambda m: None, diagnostics=True) -> GateResult:
     """The candidate's block, replayed from the capture frozen beside its bounds, against those bounds, with
-    attribution, self-consistency and the ULP sweep (``diagnostics=False`` leaves those three out: the verdict
-    alone, as the power report needs it)."""
+    a second replay (repeatability), attribution, self-consistency and the ULP sweep (``diagnostics=False`` leaves
+    those out: the verdict alone, as the power report needs it)."""
     timings: dict[str, float] = {}
     digest = frozen.provenance.get("capture_sha256")
     if not isinstance(digest, str):
@@ -388,6 +388,10 @@ def _check(model, candidate, frozen, device, block, out_dir, progress, diagnosti
             checks.append(Check(tap, "relative_l2", value, frozen.bounds[tap], value <= frozen.bounds[tap], detail))
     attribution = {}
     if diagnostics:
+        progress(f"candidate {candidate.name} again")
+        with timed(timings, "repeat"):
+            checks.append(repeatability(candidate_errors, _errors(candidate_replay(model, block, inputs, device,
+                                                                                   candidate), golden)))
         with timed(timings, "attribution"):
             attribution, consistency = attribute(model, block, inputs, device, candidate, golden, frozen, progress)
         checks += consistency
@@ -406,6 +410,15 @@ def _check(model, candidate, frozen, device, block, out_dir, progress, diagnosti
         metrics={"candidate": candidate_errors, "provider": provider_errors, "attribution": attribution, "ulp": ulp},
         timings=timings,
     ), counts)
+
+
+def repeatability(first: dict[str, float], again: dict[str, float]) -> Check:
+    """The candidate's block replayed twice from the same inputs: every tap's relative L2 to golden (float64) must be
+    bitwise the same, which a kernel adding in a varying order (atomics) does not keep. Comparing the errors rather
+    than the taps holds one replay's taps at a time (19 GB at release size)."""
+    differing = sorted(tap for tap in first if again.get(tap) != first[tap])
+    detail = {"reason": f"{len(differing)} taps differ between two identical replays: {differing[:5]}"} if differing else {}
+    return Check("candidate[replayed twice]", "determinism", float(len(differing)), 0.0, not differing, detail)
 
 
 def attribute(model, block, inputs, device, candidate, golden, frozen, progress):

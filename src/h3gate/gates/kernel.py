@@ -27,7 +27,7 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from h3gate import numerics, op_registry
+from h3gate import numerics, op_contract, op_registry
 from h3gate.compare import bias, max_abs, relative_l2
 from h3gate.verdict import Check, GateResult
 
@@ -347,6 +347,8 @@ def _forward_backward(fn, built, dtype, device, upstream_seed, poison=False, ref
                         if name not in changed and not torch.equal(value.detach(), before[name])})
 
     out = fn(**args)
+    if out is NotImplemented:
+        raise Declined()
     note_changes("forward")
     # The upstream gradient is drawn at the run's precision too, so every run back-propagates the same values.
     upstream = torch.randn(out.shape, generator=torch.Generator().manual_seed(upstream_seed), dtype=torch.float64)
@@ -357,25 +359,6 @@ def _forward_backward(fn, built, dtype, device, upstream_seed, poison=False, ref
         grad = args[name].grad
         results[f"grad_{name}"] = grad if grad is not None else torch.zeros_like(args[name])
     return _Run({k: v.detach() for k, v in results.items()}, inputs, changed)
-
-
-def _shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether the memory under ``a`` and ``b`` overlaps: any view of one buffer shares it whole."""
-    sa, sb = a.untyped_storage(), b.untyped_storage()
-    return sa.data_ptr() < sb.data_ptr() + sb.nbytes() and sb.data_ptr() < sa.data_ptr() + sa.nbytes()
-
-
-def _contract_breach(got: torch.Tensor, want: torch.Tensor, inputs: dict[str, torch.Tensor]) -> str | None:
-    """How an output breaks the provider's contract, None where it keeps it. The next op relies on its dtype, shape
-    and device, and on owning its memory: an output sharing an input's storage changes when either is written."""
-    def shown(value):
-        return tuple(value) if isinstance(value, torch.Size) else str(value).removeprefix("torch.")
-
-    for what in ("dtype", "shape", "device"):
-        if getattr(got, what) != getattr(want, what):
-            return f"{what} {shown(getattr(got, what))}, provider's {shown(getattr(want, what))} (shape {tuple(want.shape)})"
-    shared = [name for name, tensor in inputs.items() if got.device == tensor.device and _shares_storage(got, tensor)]
-    return f"shares storage with input(s) {', '.join(shared)} (shape {tuple(got.shape)})" if shared else None
 
 
 def _verdict(where: str, kind: str, problem: str | None, key: dict) -> Check:
@@ -390,7 +373,7 @@ def _contract_checks(label: str, dtype_name: str, candidate: _Run, provider: _Ru
     checks = [_verdict(f"{label}.inputs", "inputs_unchanged", f"changed in place: {', '.join(changed)}" if changed else None,
                        {"output": "inputs", "dtype": dtype_name})]
     for name, got in candidate.results.items():
-        breach = _contract_breach(got, provider.results[name], candidate.inputs)
+        breach = op_contract.breach(got, provider.results[name], candidate.inputs)
         checks.append(_verdict(f"{label}.{name}", "output_contract", breach, {"output": name, "dtype": dtype_name}))
     return checks
 
@@ -406,10 +389,17 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
     # index_select and SDPA backwards otherwise add with atomics in any order), and in torch's run beside them.
     with numerics.deterministic():
         torch_low = _forward_backward(spec.op.provider, built, dtype, device, seed)
-        candidate = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
-        again = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True).cpu()
+        try:
+            candidate = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
+        except Declined:
+            candidate = None
+        again = (_forward_backward(candidate_fn, built, dtype, device, seed, poison=True).cpu()
+                 if candidate is not None else None)
     dtype_name = str(dtype).removeprefix("torch.")
     label = f"{spec.op.name}[{_dims_label(dims)}, {dtype_name}]"
+    if candidate is None:
+        return [Check(label, DECLINED, 0.0, 0.0, True, {"output": "all", "dtype": dtype_name,
+                                                          "reason": "declined (NotImplemented): the provider's op runs"})]
     checks = _contract_checks(label, dtype_name, candidate, torch_low)
     torch_low, candidate = torch_low.cpu(), candidate.cpu()
     eps = torch.finfo(dtype).eps
@@ -449,8 +439,16 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
     return checks
 
 
+DECLINED = "declined"  # the check kind of an example the candidate's op returned NotImplemented for
+
+
 def _dims_label(dims: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in dims.items())
+
+
+class Declined(Exception):
+    """The candidate's op returned ``NotImplemented`` for a drawn example: the provider's op runs for such a call in
+    the model, so the example qualifies nothing (:func:`evaluate` records it)."""
 
 
 class KernelMismatch(AssertionError):
@@ -521,6 +519,11 @@ def check(
             search()
         except KernelMismatch:
             keep(failure)  # the shrunk (minimal) failing example's checks
+    if kept and all(c.kind == DECLINED for c in kept.values()):
+        from h3gate.gates import NotClaimed
+
+        raise NotClaimed(f"not claimed: candidate {candidate.name}'s {op} declined every shape the kernel gate drew "
+                         "(returned NotImplemented; the provider's op runs for them)")
     return GateResult(
         GATE,
         params,
