@@ -105,9 +105,9 @@ def test_model(h3_gate):
 
 
 def test_the_counts_reach_the_results_and_the_evidence(pytester):
-    pytester.makepyfile(conftest=CONFTEST, test_model=TEST)
+    pytester.makepyfile(conftest=CONFTEST, test_counted_model_gate=TEST)
     run = pytester.runpytest("-p", "no:cacheprovider", "--h3-device=cpu", "--h3-candidate=some-calls",
-                             f"--h3-thresholds={THRESHOLDS}", "-m", "gate", "test_model.py")
+                             f"--h3-thresholds={THRESHOLDS}", "-m", "gate", "test_counted_model_gate.py")
     run.assert_outcomes(passed=1)
     results = json.loads((pytester.path / "h3-out" / "results.json").read_text())
     statement = json.loads(open_envelope(pytester.path / "h3-out").payload)

@@ -85,7 +85,7 @@ def test_a_variant_set_that_moves_nothing_cannot_freeze_a_bound(project):
 
 def test_h3_bounds_returns_a_gate_items_frozen_bounds_or_says_how_to_freeze_them(pytester):
     shutil.copytree(THRESHOLDS, pytester.path / "thresholds")
-    pytester.makepyfile(test_bounds='''
+    pytester.makepyfile(test_h3_bounds_fixture='''
 import pytest
 
 from h3gate.bounds import BoundsError
@@ -104,4 +104,4 @@ def test_reads_what_a_gate_item_checks_against(h3_bounds):
     shutil.copy(contract, contract.with_name("generation-preflight-unfrozen-contract.json"))
     assert main(["lock", str(contract.with_name("generation-preflight-unfrozen-contract.json")),
                  f"--thresholds={pytester.path / 'thresholds'}"]) == 0
-    pytester.runpytest("-p", "no:cacheprovider", "--h3-device=cpu", "test_bounds.py").assert_outcomes(passed=1)
+    pytester.runpytest("-p", "no:cacheprovider", "--h3-device=cpu", "test_h3_bounds_fixture.py").assert_outcomes(passed=1)
