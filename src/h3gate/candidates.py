@@ -100,7 +100,8 @@ class ProgramCandidate(Candidate):
             raise CandidateError(f"candidate {self.name}: {op} broke the op contract on its first call of the run: "
                                  f"{problem}; the kernel gate shows where (pytest -m gate -k {op})")
 
-        kernels = self._program_kernels(first_calls_checked(self.kernels, PROVIDER, breach))
+        own = {op: kernel for op, kernel in self.kernels.items() if kernel is not PROVIDER[op]}  # the provider's keep it
+        kernels = self._program_kernels({**self.kernels, **first_calls_checked(own, PROVIDER, breach)})
         return Installation(transformer, ops_from_kernels(kernels).mixed(PROVIDER_OPS, self.provider_groups))
 
     def _derived(self, kernels: dict, provider_groups) -> "ProgramCandidate":

@@ -164,7 +164,7 @@ def _components(source: str, device: str) -> tuple[dict, str]:
     return components, _components_digest(components)
 
 
-def _text_encoder(parts: dict, source: str, device: str):
+def _text_encoder(parts: dict, device: str):
     """The text encoder to encode with, and whether it was built for this encoding: the release preset's (47 GiB) is
     built on the device only when an encoding is missing, and dropped after it."""
     if "text_encoder" in parts:
@@ -272,7 +272,7 @@ def encodings(model: Model, contract: GenerationContract, workflow: str, compone
                                 f"delete {path.name} and {record.name} to encode again")
         tensors = safetensors.torch.load_file(path)
         return _unflatten(tensors, device), {"encoded": False, "file": str(path), "sha256": expected}
-    text_encoder, built = _text_encoder(parts, model.source, device)
+    text_encoder, built = _text_encoder(parts, device)
     text_encoder.to(device)
     parts["vae"].to(device)
     try:
