@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from h3_triton.interpret import INTERPRET, mma, to_dtype
+from h3_triton.interpret import INTERPRET, device_function, mma, to_dtype
 from h3_triton.tma import aligned, set_scratch_allocator
 from h3_triton.tuning import Launcher, configs
 
@@ -70,7 +70,7 @@ _DQ_ROWS = {
 }
 
 
-@triton.jit
+@device_function
 def _scores(a, b, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, UPCAST: tl.constexpr):
     """``a @ b`` for the score-like products (Q K^T, dO V^T, dO O^T), fp32 accumulation for bfloat16.
 
@@ -86,7 +86,7 @@ def _scores(a, b, BLOCK_A: tl.constexpr, BLOCK_B: tl.constexpr, UPCAST: tl.const
         return mma(a, b, tl.zeros([BLOCK_A, BLOCK_B], dtype=tl.float32), UPCAST)
 
 
-@triton.jit
+@device_function
 def _probabilities(scores, row_max, row_log_sum, QUERY_AXIS: tl.constexpr, EXACT: tl.constexpr):
     """P recomputed from base-2 ``scores`` and the forward's saved row max and log2 of the row sum.
 
@@ -107,7 +107,7 @@ def _probabilities(scores, row_max, row_log_sum, QUERY_AXIS: tl.constexpr, EXACT
             return tl.math.exp2(scores - (row_max + row_log_sum)[None, :])
 
 
-@triton.jit
+@device_function
 def _heads_base(pid_bh, H, stride_b, stride_h):
     """Offset of (batch, head) ``pid_bh`` in a (B, S, H, D) tensor, in int64: B*S*H*D may pass 2**31."""
     off_b = (pid_bh // H).to(tl.int64)
@@ -115,13 +115,13 @@ def _heads_base(pid_bh, H, stride_b, stride_h):
     return off_b * stride_b + off_h * stride_h
 
 
-@triton.jit
+@device_function
 def _head_descriptor(ptr, S, stride_s, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
     """A tensor descriptor of one head's (S, HEAD_DIM) matrix, read and written BLOCK rows at a time."""
     return tl.make_tensor_descriptor(ptr, shape=[S, HEAD_DIM], strides=[stride_s, 1], block_shape=[BLOCK, HEAD_DIM])
 
 
-@triton.jit
+@device_function
 def _key_value_tile(k_ptr, v_ptr, stride_k, stride_v, offs_n, offs_d, S, MASK_KEYS: tl.constexpr):
     """One key tile and its value tile; only the last partial tile is masked (padded keys load as 0)."""
     k_ptrs = k_ptr + offs_n[:, None] * stride_k + offs_d[None, :]
@@ -133,7 +133,7 @@ def _key_value_tile(k_ptr, v_ptr, stride_k, stride_v, offs_n, offs_d, S, MASK_KE
         return tl.load(k_ptrs), tl.load(v_ptrs)
 
 
-@triton.jit
+@device_function
 def _fwd_inner(acc, m_i, l_i, q, k_src, v_src, stride_kn, stride_vn, start, stop, S, qk_scale,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                MASK_KEYS: tl.constexpr, DESCRIBED: tl.constexpr, UPCAST: tl.constexpr):
@@ -158,7 +158,7 @@ def _fwd_inner(acc, m_i, l_i, q, k_src, v_src, stride_kn, stride_vn, start, stop
     return acc, m_i, l_i
 
 
-@triton.jit
+@device_function
 def _softmax_step(acc, m_i, l_i, qk, v, qk_scale, UPCAST: tl.constexpr):
     """One key tile of the online softmax (base 2): new row max, rescaled sum and accumulator, plus P V.
 
@@ -253,7 +253,7 @@ def _delta_kernel(O, DO, DELTA,
     tl.store(DELTA + pid_bh.to(tl.int64) * S + offs_m, delta, mask=offs_m < S)
 
 
-@triton.jit
+@device_function
 def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, max_ptr, log_sum_ptr, delta_ptr, stride_qs, stride_dos, start, stop, S,
                 qk_scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
                 MASK_QUERIES: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):
@@ -284,7 +284,7 @@ def _dkdv_inner(dk, dv, k, v, q_ptr, do_ptr, max_ptr, log_sum_ptr, delta_ptr, st
     return dk, dv
 
 
-@triton.jit
+@device_function
 def _dkdv_step(dk, dv, k, v, q, do, row_max, row_log_sum, delta, qk_scale,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):
     """One query tile's share of dK (unscaled) and dV, transposed (keys x queries): P^T dO and dS^T Q."""
@@ -385,7 +385,7 @@ def _dkdv_described_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DK, DV,
         [pid_n * BLOCK_N, 0], to_dtype(dv, DV.dtype.element_ty, UPCAST))
 
 
-@triton.jit
+@device_function
 def _dq_inner(dq, q, do, row_max, row_log_sum, delta, k_ptr, v_ptr, stride_ks, stride_vs, start, stop, S, qk_scale,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
               MASK_KEYS: tl.constexpr, EXACT: tl.constexpr, UPCAST: tl.constexpr):

@@ -31,7 +31,7 @@ import torch
 import triton
 import triton.language as tl
 
-from h3_triton.interpret import INTERPRET, mma, to_dtype
+from h3_triton.interpret import INTERPRET, device_function, mma, to_dtype
 from h3_triton.tma import aligned, program_slots, set_scratch_allocator
 from h3_triton.tuning import Launcher, configs
 
@@ -42,7 +42,7 @@ DTYPES = (torch.bfloat16, torch.float32)
 _SKINNY_ROWS = 16
 
 
-@triton.jit
+@device_function
 def _row_offsets(rows, inner, s_outer, s_inner, SPLIT: tl.constexpr):
     """int64 offsets of row indices laid out as ``rows // inner`` blocks of ``inner`` rows.
 
@@ -55,7 +55,7 @@ def _row_offsets(rows, inner, s_outer, s_inner, SPLIT: tl.constexpr):
         return rows * s_inner
 
 
-@triton.jit
+@device_function
 def _grouped_tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
     """(row block, column block) of output tile number ``tile`` in grouped order: GROUP_M row blocks take each
     column block in turn, so programs running together share operand panels in L2."""
@@ -123,7 +123,7 @@ def _gemm_kernel(
     tl.store(c_ptrs, to_dtype(acc, c_ptr.dtype.element_ty, INTERPRETED), mask=in_c)
 
 
-@triton.jit
+@device_function
 def _operand_descriptor(ptr, MN, K, stride, TRANSPOSED: tl.constexpr, BLOCK_MN: tl.constexpr, BLOCK_K: tl.constexpr):
     """A tensor descriptor of an (MN, K) operand stored (MN, K), or (K, MN) when ``TRANSPOSED``, with row stride
     ``stride``; its tiles are read by :func:`_tma_operand`."""
@@ -132,7 +132,7 @@ def _operand_descriptor(ptr, MN, K, stride, TRANSPOSED: tl.constexpr, BLOCK_MN: 
     else:
         return tl.make_tensor_descriptor(ptr, shape=[MN, K], strides=[stride, 1], block_shape=[BLOCK_MN, BLOCK_K])
 
-@triton.jit
+@device_function
 def _tma_operand(desc, offset_mn, offset_k, TRANSPOSED: tl.constexpr):
     """The (MN, K) tile of an operand stored (MN, K), or (K, MN) when ``TRANSPOSED``, as (MN, K)."""
     if TRANSPOSED:

@@ -17,13 +17,13 @@ import torch
 import triton
 import triton.language as tl
 
-from h3_triton.interpret import column_sum, to_dtype
+from h3_triton.interpret import column_sum, device_function, to_dtype
 from h3_triton.rowreduce import (
     UPCAST, check_activation, clear_flags, flush_slot, full_row_tiling, new_slots, reduce_slots, split_rows,
 )
 
 
-@triton.jit
+@device_function
 def _head_rows(rows, seq_len, heads):
     """(batch, seq, head) of rows numbered over batch x seq x heads."""
     head = rows % heads

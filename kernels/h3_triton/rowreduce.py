@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from h3_triton.interpret import INTERPRET, column_sum, to_dtype
+from h3_triton.interpret import INTERPRET, column_sum, device_function, to_dtype
 
 # A whole row is one tile in registers; the widest H3 row that needs it is the hidden size, 5376.
 MAX_WIDTH = 16384
@@ -85,14 +85,14 @@ def new_slots(programs: int, table_rows: int, width: int, device: torch.device) 
     return parts, flags
 
 
-@triton.jit
+@device_function
 def clear_flags(flag_base, table_rows):
     """Mark every slot of this program unwritten; run once on entry, before any :func:`flush_slot`."""
     for j in range(table_rows):
         tl.store(flag_base + j, 0)
 
 
-@triton.jit
+@device_function
 def flush_slot(acc, part_base, flag_base, j, width, cols, col_mask):
     """Add the run sum ``acc`` into this program's slot ``j`` (a plain store the first time)."""
     # Orders this program's earlier stores to the slot before the load below, across all of its threads.
@@ -104,7 +104,7 @@ def flush_slot(acc, part_base, flag_base, j, width, cols, col_mask):
     tl.store(flag_base + j, 1)
 
 
-@triton.jit
+@device_function
 def _extend_run(acc, run, r, vals, part_base, flag_base, width, cols, col_mask):
     """Add a tile whose rows all belong to table row ``r``, flushing the current run first if ``r`` differs."""
     if r != run:
@@ -114,7 +114,7 @@ def _extend_run(acc, run, r, vals, part_base, flag_base, width, cols, col_mask):
     return acc + column_sum(vals, UPCAST), run
 
 
-@triton.jit
+@device_function
 def accumulate_rows(acc, run, vals, table_row, row_mask, part_base, flag_base, width, cols, col_mask):
     """Add the rows of ``vals`` (tile rows x cols, float32) into table rows ``table_row``; returns ``(acc, run)``.
 
@@ -142,7 +142,7 @@ def accumulate_rows(acc, run, vals, table_row, row_mask, part_base, flag_base, w
     return acc, run
 
 
-@triton.jit
+@device_function
 def sum_slots(part_ptr, flag_ptr, programs, table_rows, width, j, cols, col_mask, BLOCK_G: tl.constexpr,
               BLOCK_C: tl.constexpr):
     """Sum over programs of the written slots ``j`` at ``cols``: blocks of programs in order, each a tree sum."""
