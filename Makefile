@@ -30,12 +30,18 @@ $(THROWAWAY_KEY): | $(STAMP)
 	$(BIN)/h3gate keygen $(dir $@)
 	@echo "make gate: signing with a THROWAWAY key generated in $(dir $@) (not a key anyone trusts)"
 
-# The gate suite on the embedded tiny model, on CPU under Triton's interpreter: evidence and JUnit in $(OUT).
+# The gate suite on the embedded tiny model, on CPU under Triton's interpreter, then the model and block gates on
+# the edge preset (tiny at the kernels' edges: widths that are not powers of two, batch 2, a one-row last tile):
+# evidence and JUnit in $(OUT) and $(OUT)/edge. xdist spreads each run's items over the CPU's cores.
+GATE_RUN := TRITON_INTERPRET=1 $(BIN)/python -m pytest -m gate --h3-device=cpu --h3-sign-key=$(SIGN_KEY) -n auto
 gate: $(STAMP) $(SIGN_KEY)
-	TRITON_INTERPRET=1 $(BIN)/python -m pytest -m gate tests/gates --h3-model=tiny --h3-device=cpu \
-		--h3-out=$(OUT) --junitxml=$(OUT)/junit.xml --h3-sign-key=$(SIGN_KEY) $(PYTEST_ARGS)
-	$(BIN)/h3gate verify $(OUT)/evidence.json --key $(SIGN_KEY:.pem=.pub.pem) --thresholds thresholds
-	$(BIN)/h3gate report $(OUT)/evidence.json -o $(OUT)/report.md
+	$(GATE_RUN) tests/gates --h3-model=tiny --h3-out=$(OUT) --junitxml=$(OUT)/junit.xml $(PYTEST_ARGS)
+	$(GATE_RUN) tests/gates/test_model.py tests/gates/test_block.py --h3-model=edge --h3-profile=model-block \
+		--h3-out=$(OUT)/edge --junitxml=$(OUT)/edge/junit.xml $(PYTEST_ARGS)
+	for run in $(OUT) $(OUT)/edge; do \
+		$(BIN)/h3gate verify $$run/evidence.json --key $(SIGN_KEY:.pem=.pub.pem) --thresholds thresholds && \
+		$(BIN)/h3gate report $$run/evidence.json -o $$run/report.md || exit 1; \
+	done
 
 # The whole CPU test suite. Its gate runs write to a new temporary folder: a test run never overwrites the
 # signed evidence `make gate` left in $(OUT).

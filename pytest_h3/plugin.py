@@ -104,7 +104,8 @@ def pytest_addoption(parser):
         default="ci",
         choices=PROFILES,
         help="completeness profile of the evidence: the gates a run must contain to be PASSED rather than "
-        "INCOMPLETE ('ci': kernel, block, model; 'release': those plus generation seeds 42, 43, 44; default: ci)",
+        "INCOMPLETE ('ci': kernel, block, model, generation seeds 42, 43, 44 and power; 'release': those but power; "
+        "'model-block': block and model, for a model whose kernels another run qualified; default: ci)",
     )
     group.addoption(
         "--h3-workers-per-gpu",

@@ -43,9 +43,15 @@ class ModelContract:
     keyframes: tuple[str, ...]
     video_timestep: float
     audio_timestep: float
+    batch: int = 1
 
     def to_json(self) -> dict:
-        return {"schema": SCHEMA, **asdict(self), "keyframes": list(self.keyframes)}
+        """The contract's fields; ``batch`` only where it is not 1, so contracts written before it existed keep
+        their bytes (bounds record the contract they were frozen for)."""
+        data = {"schema": SCHEMA, **asdict(self), "keyframes": list(self.keyframes)}
+        if self.batch == 1:
+            del data["batch"]
+        return data
 
 
 def load_model_contract(path: str | Path) -> ModelContract:
@@ -57,6 +63,8 @@ def load_model_contract(path: str | Path) -> ModelContract:
         key: require(path, data, key, int, what)
         for key in ("seed", "text_tokens", "latent_frames", "latent_height", "latent_width", "audio_latents")
     }
+    if "batch" in data:  # optional: one sample unless the contract says otherwise
+        ints["batch"] = require(path, data, "batch", int, what)
     for key, value in ints.items():
         if key != "seed" and value < 1:
             raise FileFormatError(path, f"{what} field {key!r} must be >= 1, found {value}")
@@ -113,10 +121,11 @@ def model_inputs(contract: ModelContract, config: dict) -> tuple[dict, dict]:
     def normal(*shape):
         return seeded.normal(shape, generator)
 
+    batch = contract.batch  # every sample its own latents and text states on the one packed layout
     inputs = {
-        "hidden_states": normal(1, video_indices.numel(), video_width),
-        "audio_hidden_states": normal(1, audio_indices.numel(), audio_width),
-        "encoder_hidden_states": normal(1, contract.text_tokens, config["text_dim"]),
+        "hidden_states": normal(batch, video_indices.numel(), video_width),
+        "audio_hidden_states": normal(batch, audio_indices.numel(), audio_width),
+        "encoder_hidden_states": normal(batch, contract.text_tokens, config["text_dim"]),
         "timestep": timestep,
         "timestep_indices": timestep_indices,
         "token_tags": token_tags,
@@ -126,7 +135,7 @@ def model_inputs(contract: ModelContract, config: dict) -> tuple[dict, dict]:
         "text_indices": text_indices,
     }
     upstream = {
-        "video": normal(1, video_indices.numel(), video_width),
-        "audio": normal(1, audio_indices.numel(), audio_width),
+        "video": normal(batch, video_indices.numel(), video_width),
+        "audio": normal(batch, audio_indices.numel(), audio_width),
     }
     return inputs, upstream

@@ -108,7 +108,7 @@ _TINY = {
     "pipeline": dict(canvas_short_edge=32, canvas_max_pixels=32 * 32),
 }
 
-COMPONENT_CONFIGS: dict[str, dict] = {"tiny": _TINY, "small": _TINY}
+COMPONENT_CONFIGS: dict[str, dict] = {"tiny": _TINY, "edge": _TINY, "small": _TINY}
 """Configs of every component but the transformer, per preset (the keys of ``presets.TRANSFORMER_CONFIGS``).
 ``small`` reuses the tiny VAEs, conditioner and tokenizer: the benchmark preset only widens the transformer, whose
 ``text_dim`` stays the conditioner's hidden size of 32."""

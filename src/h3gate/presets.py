@@ -1,8 +1,9 @@
 """Transformer configurations of the embedded models.
 
-``tiny`` runs the whole suite on a laptop CPU under Triton's interpreter; ``small`` is the benchmark preset
-(four times the width, twice the depth). Both keep the release model's structure: head_dim >= 6 x
-rope_freq_dim so RoPE rotates a proper leading part of every head, hidden != heads x head_dim only at release.
+``tiny`` runs the whole suite on a laptop CPU under Triton's interpreter; ``edge`` is tiny at the kernels' edges
+(widths that are not powers of two, batch 2, a one-row last tile), for the model and block gates; ``small`` is the
+benchmark preset (four times the width, twice the depth). All keep the release model's structure: head_dim >= 6 x
+rope_freq_dim so RoPE rotates a proper leading part of every head, hidden != heads x head_dim at release and in ``edge``.
 """
 
 import os
@@ -22,6 +23,25 @@ TRANSFORMER_CONFIGS = {
         freq_dim=32,
         time_embed_hidden_dim=64,
         time_embed_dim=32,
+        rope_freq_dim=4,
+    ),
+    # tiny's structure where the kernels' edges are: widths that are not powers of two (hidden 80, attention
+    # width 3 x 32 = 96 != hidden as at release, FFN 176), one block; its model contract adds batch 2 and a
+    # sequence of 257 rows, a last tile of one row for every tile size in use (16 to 256).
+    "edge": dict(
+        num_attention_heads=3,
+        attention_head_dim=32,
+        hidden_size=80,
+        num_layers=1,
+        num_refiner_layers=1,
+        ffn_dim=176,
+        in_channels=4,
+        audio_in_channels=8,
+        patch_size=(1, 2, 2),
+        text_dim=32,
+        freq_dim=32,
+        time_embed_hidden_dim=80,
+        time_embed_dim=40,
         rope_freq_dim=4,
     ),
     "small": dict(

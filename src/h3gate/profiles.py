@@ -87,6 +87,9 @@ PROFILES = {
             Requirement("power"),
         ),
     ),
+    # The model and block gates alone, on a model whose kernels were qualified in another run: make gate's run of
+    # the edge preset (its kernel gate is tiny's; the kernel gate does not depend on the model).
+    "model-block": Profile("model-block", (Requirement("block"), Requirement("model"))),
 }
 
 
