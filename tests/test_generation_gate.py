@@ -204,7 +204,10 @@ def test_bounds_of_another_contract_are_refused(setup, tmp_path):
 def test_the_provider_passes_both_rules_from_the_cached_provider_run(setup):
     result = setup.check(ProviderCandidate())
     assert result.passed, result.report()
-    assert [c.name for c in result.checks] == [f"fl2va.{name}" for name in ("same_start", *gate.metrics.GATED)]
+    assert setup.contract.gating_rule == "both", "the committed tiny contract gates on both rules"
+    assert [c.name for c in result.checks] == ["fl2va.same_start"] + [
+        f"fl2va.{rule}.{name}" for rule in ("fixed", "calibrated") for name in gate.metrics.GATED
+    ]
     measured = result.metrics["workflows"]["fl2va"]
     assert all(c["passed"] for rule in measured["rules"].values() for c in rule.values())
     assert measured["values"]["video_psnr_min_db"] == math.inf and measured["values"]["audio_relative_l2"] == 0
@@ -232,7 +235,8 @@ def test_a_broken_candidate_fails_naming_metric_bound_margin_and_seed(setup):
     assert not result.passed
     first_line = result.report().splitlines()[0]
     found = re.search(
-        r"generation gate \[seed=43\] FAILED \d/5 checks; worst fl2va\.(\w+): fixed rule ([\d.e+-]+) [<>] bound ([\d.e+-]+) "
+        r"generation gate \[seed=43\] FAILED \d/9 checks; worst fl2va\.(?:fixed|calibrated)\.(\w+): (?:fixed|calibrated) rule "
+        r"([\d.e+-]+) [<>] bound ([\d.e+-]+) "
         r"\(margin -[\d.e+-]+\); bounds sha256 [0-9a-f]{12}",
         first_line,
     )
@@ -240,6 +244,23 @@ def test_a_broken_candidate_fails_naming_metric_bound_margin_and_seed(setup):
     assert found[1] in gate.metrics.GATED and float(found[2]) == pytest.approx(result.metrics["workflows"]["fl2va"]["values"][found[1]], rel=1e-3)
     rules = result.metrics["workflows"]["fl2va"]["rules"]
     assert not any(c["passed"] for c in rules["calibrated"].values()), "the calibrated rule fails too"
+
+
+def test_the_gating_policy_changes_without_refreezing(setup, tmp_path):
+    """Bounds measure generations, not policy: a contract differing only in its rule and fixed bounds keeps them.
+    Lax fixed bounds pass a broken candidate under the fixed rule alone; gating on both rules rejects it."""
+    passes.record(setup.out, "model", setup.tiny, AudioTakesTextModulation().identity(), bounds_sha256="model-bounds-sha256")
+    lax = {"video_psnr_min_db": 1.0, "video_ssim_min": 0.01, "video_temporal_rmse": 0.99, "audio_relative_l2": 0.99}
+    verdicts = {}
+    for rule in ("fixed", "both"):
+        path = write_contract(tmp_path / rule / "tiny", source=setup.contract.path, gating_rule=rule, fixed_bounds=lax)
+        contract = generation_contract.load(path)
+        assert contract.digest != setup.contract.digest and contract.measures_as(setup.frozen.provenance["contract"])
+        verdicts[rule] = gate.check(setup.tiny, AudioTakesTextModulation(), contract, setup.frozen, "cpu", 43, setup.out)
+    assert verdicts["fixed"].passed, verdicts["fixed"].report()
+    assert not all(c["passed"] for c in verdicts["fixed"].metrics["workflows"]["fl2va"]["rules"]["calibrated"].values())
+    failed = [c.name for c in verdicts["both"].checks if not c.passed]
+    assert failed and all(name.startswith("fl2va.calibrated.") for name in failed), failed
 
 
 def test_another_start_fails_before_the_candidate_computes(setup):
@@ -303,8 +324,10 @@ def test_a_run_folder_of_another_identity_is_refused_with_the_difference(tiny, t
 
 
 def test_the_preflight_contract_qualifies_the_product_candidate(tiny, tmp_path):
-    """The whole flow on the committed preflight contract: freeze, then the provider and h3_triton (one transformer
-    call under Triton's interpreter, ~15 s) pass the gating rule."""
+    """The whole flow on the committed preflight contract: freeze (here from sdpa-math alone), the provider passes
+    those bounds; h3_triton (one transformer call under Triton's interpreter, ~15 s) passes both rules against the
+    committed CPU bounds, frozen from every CPU variant. sdpa-math alone moves the generation less than h3_triton
+    does: bounds calibrated from it reject h3_triton, which the calibrated rule is there to notice."""
     thresholds = tmp_path / "thresholds"
     path = thresholds / "tiny" / PREFLIGHT.name
     path.parent.mkdir(parents=True)
@@ -314,11 +337,18 @@ def test_the_preflight_contract_qualifies_the_product_candidate(tiny, tmp_path):
     frozen = gate.freeze(tiny, contract, "cpu", thresholds, ["sdpa-math"], out_dir=tmp_path / "out")
     assert frozen.path.name == "generation-preflight-bounds.json"
     bounds_mod.verify_lock(thresholds)
-    for candidate in (ProviderCandidate(), candidates.load("h3_triton")):
+    committed = gate.frozen_bounds(THRESHOLDS, tiny, generation_contract.load(PREFLIGHT), "cpu")
+    verdicts = {}
+    for candidate, bounds in ((ProviderCandidate(), frozen), (candidates.load("h3_triton"), committed),
+                              (candidates.load("h3_triton"), frozen)):
         passes.record(tmp_path / "out", "model", tiny, candidate.identity(), bounds_sha256="model-bounds-sha256")
-        result = gate.check(tiny, candidate, contract, frozen, "cpu", 42, tmp_path / "out")
-        assert result.passed, result.report()
-    assert 0 < result.metrics["workflows"]["fl2va"]["values"]["audio_relative_l2"], "h3_triton differs from the provider"
+        verdicts[candidate.name, bounds is committed] = gate.check(tiny, candidate, contract, bounds, "cpu", 42, tmp_path / "out")
+    for key in (("provider", False), ("h3_triton", True)):
+        assert verdicts[key].passed, verdicts[key].report()
+    values = verdicts["h3_triton", True].metrics["workflows"]["fl2va"]["values"]
+    assert 0 < values["audio_relative_l2"], "h3_triton differs from the provider"
+    narrow = verdicts["h3_triton", False]
+    assert not narrow.passed and all(".calibrated." in c.name for c in narrow.checks if not c.passed), narrow.report()
 
 
 def test_a_damaged_cached_encoding_is_an_error_naming_what_to_delete(tiny, tmp_path):

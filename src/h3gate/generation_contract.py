@@ -4,11 +4,14 @@ A contract file (``thresholds/<model>/<name>-contract.json``, locked in ``thresh
 fixes the workflow (``fl2va`` from the reference keyframe of :mod:`h3gate.pipeline_reference`, named by its
 sha256, or ``t2va``; a list such as ``["t2va", "fl2va"]`` makes every seed generate each of them), prompt, seeds, frames, canvas, frame rate, steps and audio sample rate; the fixed bounds
 (one per gated metric, in the range its row of :data:`h3gate.metrics.METRICS` allows); which rule gates
-(``fixed`` or ``calibrated``); and the calibration margin ``m``: the candidate's error may exceed the worst
-provider variant's by the factor ``1 + m`` (see :mod:`h3gate.gates.generation`).
+(``fixed``, ``calibrated`` or ``both``, every bound of either rule; the other rule of the first two is reported
+beside the verdict); and the calibration margin ``m``: the candidate's error may exceed the worst provider
+variant's by the factor ``1 + m`` (see :mod:`h3gate.gates.generation`).
 
 Its name is the file name without ``-contract.json`` (``generation``, ``generation-preflight``); it names the
-bounds file frozen for it. Its digest is the sha256 of the file, so any edit changes every run identity.
+bounds file frozen for it. Its digest is the sha256 of the file, so any edit changes every run identity. The
+frozen bounds stay valid across an edit of the gating policy alone (:data:`POLICY`: the rule and the fixed bounds,
+which measure nothing): they are the variants' measurements under everything else (:meth:`GenerationContract.measures_as`).
 
 What depends on the model (canvas multiple, audio sample rate, frame alignment) is checked against the pipeline
 by :meth:`GenerationContract.check_pipeline`; everything else when the file is read.
@@ -28,7 +31,9 @@ from h3gate.pipeline import REFERENCE_IMAGE_SHA256, WORKFLOWS
 
 SCHEMA = "h3gate.generation-contract/1"
 SUFFIX = "-contract.json"
-RULES = ("fixed", "calibrated")
+RULES = ("fixed", "calibrated", "both")
+# What decides a verdict from measurements without changing what is generated or how bounds are calibrated.
+POLICY = ("gating_rule", "fixed_bounds")
 # MiniMax-H3 makes 5 to 15 s at 24 fps; the video VAE encodes 17 n + 5 frames: 124 .. 345.
 FRAMES_MIN, FRAMES_MAX = 124, 345
 _FIELDS = {
@@ -81,6 +86,19 @@ class GenerationContract:
             "gating_rule": self.gating_rule,
             "calibration_margin": self.calibration_margin,
         }
+
+    def measures_as(self, recorded: dict) -> bool:
+        """Whether a contract recorded by a bounds file (its ``to_json``) asks for the same generations and the
+        same calibration as this one: equal but for :data:`POLICY`."""
+        def measured(contract: dict) -> dict:
+            return {key: value for key, value in contract.items() if key not in POLICY}
+
+        return measured(recorded) == measured(self.to_json())
+
+    @property
+    def gating_rules(self) -> tuple[str, ...]:
+        """The rules whose checks decide the verdict."""
+        return ("fixed", "calibrated") if self.gating_rule == "both" else (self.gating_rule,)
 
     def check_pipeline(self, pipe) -> None:
         """Refuse a contract the pipeline's model cannot make exactly as written (no silent rounding)."""

@@ -17,8 +17,9 @@ device, which at release size holds the transformer, both VAEs and the runs.
    layout) must equal the provider's bitwise; otherwise the gate fails naming both digests, before a single
    candidate step is computed.
 4. Metrics (:mod:`h3gate.metrics`) against the provider's generation under both rules, ``fixed`` (the
-   contract's bounds) and ``calibrated`` (the frozen bounds); the contract's ``gating_rule`` makes the checks,
-   the other rule is reported in ``GateResult.metrics``.
+   contract's bounds) and ``calibrated`` (the frozen bounds); the contract's ``gating_rule`` makes the checks
+   (``both``: every bound of both, named ``<workflow>.<rule>.<metric>``), a rule that does not gate is reported
+   in ``GateResult.metrics``.
 5. Coverage (:mod:`h3gate.coverage`): each replaced op of the candidate must have served some of its calls over the
    seed's generations; the counts are saved with each step, so a reused or resumed generation keeps them.
 
@@ -565,25 +566,33 @@ def frozen_bounds(thresholds: Path, model: Model, contract: GenerationContract, 
     device_class = bounds_mod.device_class(device)
     path = bounds_mod.bounds_path(thresholds, model.name, device_class, contract.name)
     loaded = bounds_mod.load(path, contract.name, model.identity, device_class)
-    if loaded.provenance.get("contract_sha256") != contract.digest:
-        raise bounds_mod.BoundsError(
-            f"{path} was frozen for another contract than {contract.path} (sha256 {contract.digest[:12]}); freeze "
-            "the generation bounds again"
-        )
+    _require_measured_as(loaded, contract)
     if set(loaded.bounds) != set(metrics.GATED):
         raise FileFormatError(path, f"bounds must be exactly {list(metrics.GATED)}, found {sorted(loaded.bounds)}")
     return GenerationBounds(**{f.name: getattr(loaded, f.name) for f in fields(loaded)})
 
 
+def _require_measured_as(frozen: bounds_mod.Bounds, contract: GenerationContract) -> None:
+    """Bounds are valid for the generations and calibration they measured: a contract that changed only its gating
+    policy keeps them (the provenance records the contract as frozen)."""
+    if not contract.measures_as(frozen.provenance.get("contract", {})):
+        raise bounds_mod.BoundsError(
+            f"{frozen.path} was frozen for another contract than {contract.path} (sha256 {contract.digest[:12]}): "
+            "they differ beyond the gating rule and fixed bounds; freeze the generation bounds again"
+        )
+
+
 # The check --------------------------------------------------------------------------------------------
 
 
-def _evaluate(values: dict, bounds: dict, rule: str, workflow: str, seed: int) -> list[Check]:
+def _evaluate(values: dict, bounds: dict, rule: str, workflow: str, seed: int, qualified: bool) -> list[Check]:
+    """One check per gated metric; ``qualified`` names the rule in the check's name (both rules gate)."""
     checks = []
     for metric in metrics.METRICS:
         value, bound = values[metric.name], bounds[metric.name]
         passed = metric.passes(value, bound)
-        checks.append(Check(f"{workflow}.{metric.name}", f"{rule} rule", value, bound, passed,
+        name = f"{workflow}.{rule}.{metric.name}" if qualified else f"{workflow}.{metric.name}"
+        checks.append(Check(name, f"{rule} rule", value, bound, passed,
                             {"workflow": workflow, "seed": seed}, metric.direction))
     return checks
 
@@ -605,8 +614,7 @@ def check(
     under frozen bounds. Checks are named ``<workflow>.<check>``; ``context["workflows"]`` and
     ``metrics["workflows"]`` hold each workflow's runs and values."""
     model_gate = gate_passes.require_pass(out_dir, "model", model, candidate.identity(), model_gate_override)
-    if frozen.provenance.get("contract_sha256") != contract.digest:
-        raise bounds_mod.BoundsError(f"bounds {frozen.path} were frozen for another contract than {contract.path}")
+    _require_measured_as(frozen, contract)
     timings: dict[str, float] = {}
     context = {
         "contract": str(contract.path),
@@ -671,8 +679,9 @@ def _check_workflow(model, candidate, contract, frozen, device, workflow, seed, 
     with timed(timings, f"{workflow}.metrics"):
         values = metrics.compare(generated.video, generated.audio, reference.video, reference.audio)
     rules = {"fixed": contract.fixed_bounds, "calibrated": frozen.bounds}
-    evaluated = {rule: _evaluate(values, bounds, rule, workflow, seed) for rule, bounds in rules.items()}
-    checks += evaluated[contract.gating_rule]
+    qualified = len(contract.gating_rules) > 1
+    evaluated = {rule: _evaluate(values, bounds, rule, workflow, seed, qualified) for rule, bounds in rules.items()}
+    checks += [check for rule in contract.gating_rules for check in evaluated[rule]]
     report = {
         "values": {key: value for key, value in values.items() if key != "per_frame"},
         "per_frame": values["per_frame"],
