@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-PROFILES = ("ci", "release")
+from h3gate.profiles import PROFILES as _PROFILES
+
+PROFILES = tuple(_PROFILES)  # h3gate.profiles imports nothing heavy
 
 
 def _writable_folder(path: Path) -> str | None:

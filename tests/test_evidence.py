@@ -433,7 +433,7 @@ def test_the_ci_profile_requires_every_gate_the_tiny_suite_runs():
 
 
 def test_unknown_profile_names_the_profiles():
-    with pytest.raises(ValueError, match="profiles: ci, release"):
+    with pytest.raises(ValueError, match="profiles: ci, model-block, release"):
         profiles.profile("nightly")
 
 

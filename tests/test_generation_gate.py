@@ -365,10 +365,11 @@ def test_a_damaged_cached_encoding_is_an_error_naming_what_to_delete(tiny, tmp_p
 
 def test_a_text_encoder_built_for_an_encoding_is_dropped_after_it(tiny, tmp_path, monkeypatch):
     """The release preset's components come without their 47 GiB text encoder: one is built only when an encoding
-    is missing and freed after it (tiny's components stand in for release's here)."""
+    is missing, encodes every workflow of the contract still missing and is freed after it (tiny's components stand
+    in for release's here)."""
     from h3gate.pipeline_components import build_components
 
-    contract = generation_contract.load(write_contract(tmp_path / "thresholds", source=PREFLIGHT))
+    contract = generation_contract.load(write_contract(tmp_path / "thresholds", source=PREFLIGHT, workflow=["t2va", "fl2va"]))
     reference, _ = gate.encodings(tiny, contract, "t2va", gate._components(tiny.source, "cpu"), "cpu", tmp_path / "ref")
     built = []
 
@@ -381,8 +382,10 @@ def test_a_text_encoder_built_for_an_encoding_is_dropped_after_it(tiny, tmp_path
     parts = build_components("tiny", gate.COMPONENTS_SEED, text_encoder=False)
     components = (parts, "recipe-digest")
     encoded, costs = gate.encodings(tiny, contract, "t2va", components, "cpu", tmp_path / "out")
-    assert costs["encoded"] and "text_encoder" not in parts and len(built) == 1
+    assert costs["encoded"] and costs["with"] == ["fl2va", "t2va"] and "text_encoder" not in parts and len(built) == 1
     assert all(param.device.type == "meta" for param in built[0].parameters()), "its storage is freed"
     assert torch.equal(encoded["prompt_embeds"], reference["prompt_embeds"]), "the same encoder, built on demand"
-    again, costs = gate.encodings(tiny, contract, "t2va", components, "cpu", tmp_path / "out")
-    assert not costs["encoded"] and len(built) == 1, "a cached encoding builds no text encoder"
+    for workflow in ("t2va", "fl2va"):
+        again, costs = gate.encodings(tiny, contract, workflow, components, "cpu", tmp_path / "out")
+        assert not costs["encoded"] and len(built) == 1, "a cached encoding builds no text encoder"
+    assert again["condition_latents"] is not None and encoded["condition_latents"] is None, "fl2va's keyframe, t2va's none"

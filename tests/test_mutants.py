@@ -155,6 +155,11 @@ KERNEL_ONLY = {
     "key-tail-grad-dropped": "rows=129",
     "norm-weight-grad-first-batch": "batch=2",
     "last-row-neighbour-gate": "table_rows",
+    "gate-grad-first-batch": "batch=2",
+    "batch-keys-shared": "batch=2",
+    "width-tail-zeroed": "f=65",
+    "attention-output-truncated": "bias",
+    "adaln-weight-grad-truncated": "bias",
 }
 
 

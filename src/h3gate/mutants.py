@@ -244,11 +244,18 @@ def dq_truncated(attention):
     return broken
 
 
-def weight_grad_truncated(linear):
-    """A GEMM whose weight gradient is stored by truncation instead of rounding to nearest (backward only)."""
+def weight_grad_truncated(gemm):
+    """A GEMM whose weight gradient is stored by truncation instead of rounding to nearest (backward only).
 
-    def broken(x, weight, bias=None):
-        return linear(x, _EditGradient.apply(weight, _toward_zero), bias)
+    ``linear(x, weight, bias=None)`` and ``silu_linear(temb, weight, bias)`` alike: the weight is their second
+    argument, passed by position or by name."""
+
+    def broken(*args, **kwargs):
+        if "weight" in kwargs:
+            kwargs["weight"] = _EditGradient.apply(kwargs["weight"], _toward_zero)
+        else:
+            args = (args[0], _EditGradient.apply(args[1], _toward_zero), *args[2:])
+        return gemm(*args, **kwargs)
 
     return broken
 
@@ -278,14 +285,60 @@ def key_tail_grad_dropped(attention):
     return broken
 
 
+def _grad_from_first_sample(call, batch: int) -> torch.Tensor:
+    """``call(samples, cut)`` over the whole batch, its parameter gradient summed over the first sample only:
+    ``cut`` says the parameter must be detached for those samples (a reduction ignoring the batch stride)."""
+    if batch < 2:
+        return call(slice(None), False)
+    return torch.cat([call(slice(0, 1), False), call(slice(1, None), True)])
+
+
 def norm_weight_grad_first_batch(rms_norm_modulate):
     """RMSNorm whose weight gradient sums the first batch element only (a row reduction ignoring the batch stride)."""
 
     def broken(x, weight, eps, scale=None, shift=None, idx=None):
-        if x.shape[0] < 2:
-            return rms_norm_modulate(x, weight, eps, scale, shift, idx)
-        head = rms_norm_modulate(x[:1], weight, eps, scale, shift, idx)
-        return torch.cat([head, rms_norm_modulate(x[1:], weight.detach(), eps, scale, shift, idx)])
+        return _grad_from_first_sample(
+            lambda samples, cut: rms_norm_modulate(x[samples], weight.detach() if cut else weight, eps, scale, shift, idx),
+            x.shape[0])
+
+    return broken
+
+
+def gate_grad_first_batch(gated_residual):
+    """A gated residual whose gate-table gradient sums the first batch element only (backward only)."""
+
+    def broken(residual, y, gate=None, idx=None):
+        if gate is None:
+            return gated_residual(residual, y, gate, idx)
+        return _grad_from_first_sample(
+            lambda samples, cut: gated_residual(residual[samples], y[samples], gate.detach() if cut else gate, idx),
+            residual.shape[0])
+
+    return broken
+
+
+def batch_keys_shared(attention):
+    """Attention reading every sample's keys and values at the first sample's offset (a batch stride of zero):
+    right at batch 1 only."""
+
+    def broken(q, k, v):
+        if q.shape[0] < 2:
+            return attention(q, k, v)
+        return attention(q, k[:1].expand_as(k), v[:1].expand_as(v))
+
+    return broken
+
+
+def width_tail_zeroed(swiglu):
+    """SwiGLU whose last column block is never stored where the width is not a multiple of its 64-wide tile
+    (zeros from the allocation): right at every power-of-two width of 64 and more."""
+
+    def broken(h):
+        out = swiglu(h)
+        full = out.shape[-1] - out.shape[-1] % KEY_TILE
+        if full in (0, out.shape[-1]):
+            return out
+        return torch.cat([out[..., :full], torch.zeros_like(out[..., full:])], dim=-1)
 
     return broken
 
@@ -348,11 +401,18 @@ MUTANTS = {
         Mutant("rms-output-truncated", "rms_norm_modulate", ("kernel",), output_truncated),
         Mutant("dq-truncated", "attention", ("kernel",), dq_truncated),
         Mutant("weight-grad-truncated", "linear", ("kernel",), weight_grad_truncated),
+        Mutant("attention-output-truncated", "attention", ("kernel",), output_truncated),
+        Mutant("adaln-weight-grad-truncated", "silu_linear", ("kernel",), weight_grad_truncated),
         # Shape-conditional: the tiny model's last row shares its neighbour's AdaLN row, its one sequence length
         # leaves no one-row key tile, its batch is 1; the kernel gate's examples reach them.
         Mutant("last-row-neighbour-gate", "gated_residual", ("kernel",), last_row_neighbour_gate),
         Mutant("key-tail-grad-dropped", "attention", ("kernel",), key_tail_grad_dropped),
         Mutant("norm-weight-grad-first-batch", "rms_norm_modulate", ("kernel",), norm_weight_grad_first_batch),
+        # Shape-conditional at batch 2 and at widths that are not powers of two: tiny's model and block gates never
+        # meet them, the kernel gate's edge examples and the edge preset's model and block gates do.
+        Mutant("gate-grad-first-batch", "gated_residual", ("kernel",), gate_grad_first_batch),
+        Mutant("batch-keys-shared", "attention", ("kernel",), batch_keys_shared),
+        Mutant("width-tail-zeroed", "swiglu", ("kernel",), width_tail_zeroed),
         # Op-contract breaches: values and gradients exactly the base's, so in the kernel gate only its contract
         # checks (inputs unchanged, outputs' dtype, shape, device and storage) see them. (In the model, the
         # residual overwritten in place also corrupts gradients that saved it: the model gate saw that on CPU.)

@@ -250,11 +250,27 @@ def encodings(model: Model, contract: GenerationContract, workflow: str, compone
 
     Cached under ``out_dir/generation/<model>/<contract>/encodings/<workflow>-<identity digest>.safetensors`` with a
     ``.json`` record of its identity and sha256 (both written atomically, the record last) and checked against that
-    sha256 on every read. Made on a miss, with the text encoder moved to ``device`` for the call and back to the host
-    after it (the release preset's built for the call and then dropped: moved to the meta device, which frees its
-    storage whoever still refers to it), so the transformer, both VAEs and the runs have the device to themselves. ``prompt_embeds`` is returned
-    on ``device``, the rest on the host, where diffusers' encoder blocks leave them."""
-    parts, components_digest = components
+    sha256 on every read. On a miss every workflow of the contract still missing is encoded with one text encoder,
+    moved to ``device`` for the calls and back to the host after them (the release preset's built for them and
+    then dropped: moved to the meta device, which frees its storage whoever still refers to it), so the
+    transformer, both VAEs and the runs have the device to themselves, and a release text encoder (47 GiB) is
+    built once, before any run has left blocks in the allocator's cache (on an H200 a second build for fl2va, after
+    t2va's runs, took the device to 134.8 GiB of 139). ``prompt_embeds`` is returned on ``device``, the rest on the
+    host, where diffusers' encoder blocks leave them."""
+    files = {name: _encoding_files(model, contract, name, components[1], device, out_dir) for name in contract.workflows}
+    missing = {name: found for name, found in files.items() if not found[1].is_file()}
+    made = _encode_missing(contract, missing, components[0], device) if workflow in missing else {}
+    path, record, _ = files[workflow]
+    expected = read_json(record, "encoding record").get("sha256")
+    if not path.is_file() or sha256_file(path) != expected:
+        raise EncodingError(f"{path}: missing or its sha256 differs from {record.name} (damaged or partly copied); "
+                            f"delete {path.name} and {record.name} to encode again")
+    costs = {"encoded": True, "seconds": made[workflow], "with": sorted(made)} if made else {"encoded": False}
+    return _unflatten(safetensors.torch.load_file(path), device), {**costs, "file": str(path), "sha256": expected}
+
+
+def _encoding_files(model, contract, workflow, components_digest, device, out_dir) -> tuple[Path, Path, dict]:
+    """(encodings file, its record, their identity) of one workflow, named by the identity's digest."""
     identity = {
         "schema": ENCODING_SCHEMA,
         "workflow": workflow,
@@ -265,36 +281,36 @@ def encodings(model: Model, contract: GenerationContract, workflow: str, compone
     }
     digest = sha256_bytes(json.dumps(identity, sort_keys=True).encode())[:12]
     path = _contract_folder(out_dir, model, contract) / "encodings" / f"{workflow}-{digest}.safetensors"
-    record = path.with_suffix(".json")
-    if record.is_file():
-        expected = read_json(record, "encoding record").get("sha256")
-        if not path.is_file() or sha256_file(path) != expected:
-            raise EncodingError(f"{path}: missing or its sha256 differs from {record.name} (damaged or partly copied); "
-                                f"delete {path.name} and {record.name} to encode again")
-        tensors = safetensors.torch.load_file(path)
-        return _unflatten(tensors, device), {"encoded": False, "file": str(path), "sha256": expected}
+    return path, path.with_suffix(".json"), identity
+
+
+def _encode_missing(contract: GenerationContract, missing: dict, parts: dict, device: str) -> dict[str, float]:
+    """Encode each workflow of ``missing`` ({workflow: (file, record, identity)}) with one text encoder, then release
+    it; the seconds each took."""
     text_encoder, built = _text_encoder(parts, device)
     text_encoder.to(device)
     parts["vae"].to(device)
+    seconds = {}
     try:
-        start = time.perf_counter()
-        encoded = pipeline.encode(
-            pipeline.encoder_pipeline({**parts, "text_encoder": text_encoder}), workflow=workflow, prompt=contract.prompt,
-            num_frames=contract.num_frames, height=contract.height, width=contract.width,
-            image=load_reference_image() if workflow == "fl2va" else None,
-        )
-        _synchronize(device)
-        seconds = time.perf_counter() - start
+        for workflow, (path, record, identity) in missing.items():
+            start = time.perf_counter()
+            encoded = pipeline.encode(
+                pipeline.encoder_pipeline({**parts, "text_encoder": text_encoder}), workflow=workflow,
+                prompt=contract.prompt, num_frames=contract.num_frames, height=contract.height, width=contract.width,
+                image=load_reference_image() if workflow == "fl2va" else None,
+            )
+            _synchronize(device)
+            seconds[workflow] = time.perf_counter() - start
+            data = safetensors.torch.save(_flatten(encoded))
+            write_atomic(path, data)
+            write_json(record, {"identity": identity, "sha256": sha256_bytes(data)})
     finally:
         # released: the device holds the transformer, both VAEs and the runs
         text_encoder.to("meta" if built else "cpu")
         del text_encoder
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()
-    data = safetensors.torch.save(_flatten(encoded))
-    write_atomic(path, data)
-    write_json(record, {"identity": identity, "sha256": sha256_bytes(data)})
-    return encoded, {"encoded": True, "seconds": seconds, "file": str(path), "sha256": sha256_bytes(data)}
+    return seconds
 
 
 def _flatten(encoded: dict) -> dict[str, torch.Tensor]:
