@@ -65,6 +65,15 @@ def test_the_worst_frame_decides_the_minimum():
     assert values["video_ssim_min"] < values["video_ssim_mean"]
 
 
+def test_frames_measured_in_threads_keep_their_order_and_values():
+    generator = np.random.default_rng(0)
+    reference = generator.random((9, 32, 48, 3))
+    video = np.clip(reference + generator.normal(0, 0.02, reference.shape) * np.arange(9)[:, None, None, None], 0, 1)
+    measured = metrics.video_metrics(video, reference)["per_frame"]["ssim"]
+    assert measured == [metrics._ssim(ref, frame) for ref, frame in zip(reference, video)]
+    assert measured == sorted(measured, reverse=True), "noise grows frame by frame, SSIM falls"
+
+
 def test_audio_relative_l2():
     reference = np.random.default_rng(2).standard_normal((2, 500))
     assert metrics.audio_relative_l2(reference * 1.01, reference) == pytest.approx(0.01, rel=1e-12)
