@@ -30,7 +30,8 @@ def pytest_addoption(parser):
     group.addoption(
         "--h3-model",
         default="tiny",
-        help="model to qualify on: 'tiny' (embedded, CPU-sized), 'small' (embedded, benchmark-sized), 'release' (the "
+        help="model to qualify on: 'tiny' (embedded, CPU-sized), 'edge' (embedded: tiny at the kernels' edges, for the "
+        "model and block gates), 'small' (embedded, benchmark-sized), 'release' (the "
         "release-size transformer with random weights, built on a CUDA GPU; H3GATE_LAYERS=N builds its first N blocks "
         "as the partial model release-layers<N>) or the path of a local diffusers MiniMax-H3 checkpoint folder "
         "(default: tiny)",

@@ -44,7 +44,7 @@ def test_initialisation_makes_attention_peaky(tiny):
 
 
 def test_unknown_model_names_the_choices():
-    with pytest.raises(ModelError, match="use one of tiny, small"):
+    with pytest.raises(ModelError, match="use one of tiny, edge, small"):
         load_model("huge")
 
 

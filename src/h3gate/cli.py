@@ -373,7 +373,7 @@ def build_parser() -> argparse.ArgumentParser:
     variants.set_defaults(run=_variants)
 
     identity = commands.add_parser("identity", help="print a model's identity digest")
-    identity.add_argument("--model", default="tiny", help="tiny, small or a checkpoint folder (default: tiny)")
+    identity.add_argument("--model", default="tiny", help="tiny, edge, small or a checkpoint folder (default: tiny)")
     identity.add_argument("--seed", type=int, default=0, help="weight seed of an embedded model (default: 0)")
     identity.set_defaults(run=_identity)
 
@@ -386,7 +386,7 @@ def build_parser() -> argparse.ArgumentParser:
         "another CPU or GPU kind captures other bits; copy the file from where the bounds were frozen).",
     )
     capture.add_argument("capture", metavar="CAPTURE", help="thresholds/<model>/<device class>/block<N>-capture.safetensors")
-    capture.add_argument("--model", default=None, help="tiny, small or the checkpoint folder (default: the thresholds "
+    capture.add_argument("--model", default=None, help="tiny, edge, small or the checkpoint folder (default: the thresholds "
                          "folder's model name)")
     capture.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: from the device class folder)")
     capture.set_defaults(run=_capture)
@@ -414,7 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     status.add_argument("--model", "--h3-model", dest="model", default="tiny",
-                        help="tiny (default), small or a checkpoint folder")
+                        help="tiny (default), edge, small or a checkpoint folder")
     status.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
     status.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")
     status.set_defaults(run=_status)
@@ -426,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write an embedded preset as a diffusers MiniMax-H3 pipeline folder (model_index.json and every component)",
     )
     checkpoint_make.add_argument("folder", metavar="DIR", help="the folder to create (it must not exist)")
-    checkpoint_make.add_argument("--preset", required=True, help="the embedded preset to write (tiny, small)")
+    checkpoint_make.add_argument("--preset", required=True, help="the embedded preset to write (tiny, edge, small)")
     checkpoint_make.add_argument("--components", default=None,
                                  help="comma-separated components to write (default: all the pipeline declares)")
     checkpoint_make.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
@@ -441,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
         "contracts are kept unless --replace gives a reason.",
     )
     contracts.add_argument("--model", "--h3-model", dest="model", required=True,
-                           help="a checkpoint folder, a preset (tiny, small) or release")
+                           help="a checkpoint folder, a preset (tiny, edge, small) or release")
     contracts.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")
     contracts.add_argument("--device", default=None, help="the --h3-device of the printed commands (default: cuda when "
                            "visible)")
@@ -476,7 +476,7 @@ def build_parser() -> argparse.ArgumentParser:
         "accepted everywhere; model-gate taps no mutant exceeded are listed as non-discriminating. Needs the "
         "model's frozen model, block and generation-preflight bounds for the device.",
     )
-    power.add_argument("--model", default="tiny", help="tiny (default), small or a checkpoint folder")
+    power.add_argument("--model", default="tiny", help="tiny (default), edge, small or a checkpoint folder")
     power.add_argument("--device", default=None, help="cpu or cuda (default: cuda when visible)")
     power.add_argument(
         "--base",
