@@ -7,10 +7,14 @@ point and distribution as it would after ``pip install``, so the test covers the
 stand-in for it, in a fraction of a second instead of a virtual environment's build."""
 
 import json
+import re
+import sys
 import tomllib
 from pathlib import Path
 
 import pytest
+import torch
+from diffusers.models.normalization import RMSNorm
 
 from h3gate import candidates
 from h3gate.cli import main
@@ -37,16 +41,60 @@ def installed(tmp_path, monkeypatch):
 def test_the_entry_point_offers_the_candidate_with_its_declarations(installed, capsys):
     assert main(["candidates"]) == 0
     assert ("example-rmsnorm\n  ops: chosen by its options\n  supports: dtypes=bfloat16\n  option modulate_in_float32 "
-            "(bool, default False): apply the AdaLN scale and shift in float32, then round\n") in capsys.readouterr().out
+            "(bool, default False): apply the AdaLN scale and shift in float32, then round\n  option kernel (str, "
+            "default 'stand-in'): the RMSNorm kernel: stand-in or liger (Liger-Kernel, on a GPU)\n") in capsys.readouterr().out
 
 
 def test_its_identity_pins_the_distribution_and_its_source(installed):
     identity = candidates.load("example-rmsnorm:modulate_in_float32=yes").identity()
-    assert identity["replaced_ops"] == ["rms_norm_modulate"] and identity["options"] == {"modulate_in_float32": True}
+    assert identity["replaced_ops"] == ["rms_norm_modulate"] and identity["options"] == {"modulate_in_float32": True, "kernel": "stand-in"}
     assert identity["packages"] == [{
         "package": "h3_example_rmsnorm", "distribution": installed["name"], "version": installed["version"],
         "source_sha256": candidates.source_digest(EXAMPLE / "src" / "h3_example_rmsnorm"),
     }]
+
+
+LIGER_STAND_IN = '''
+import torch
+
+
+class LigerRMSNormFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, X, W, eps, offset=0.0, casting_mode="llama", in_place=True):
+        assert (offset, casting_mode, in_place) == (0.0, "llama", False)
+        x32 = X.float()
+        return ((x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(X.dtype) * W).to(X.dtype)
+'''
+
+
+def test_the_liger_kernel_is_called_as_diffusers_norms_and_pinned_beside_the_example(installed, tmp_path, monkeypatch):
+    """Liger-Kernel's module layout and signature (liger_kernel 0.8.5), forward only: the real package's kernels
+    need a GPU; its identity must name both packages, the adapter's and the kernel library's."""
+    package = tmp_path / "liger_kernel"
+    (package / "ops").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "ops" / "__init__.py").write_text("")
+    (package / "ops" / "rms_norm.py").write_text(LIGER_STAND_IN)
+    try:
+        candidate = candidates.load("example-rmsnorm:kernel=liger")
+        assert [p["package"] for p in candidate.identity()["packages"]] == ["h3_example_rmsnorm", "liger_kernel"]
+        norm = RMSNorm(8, eps=1e-6).to(torch.bfloat16).requires_grad_(False)
+        norm.weight.normal_()
+        x = torch.randn(2, 5, 8, dtype=torch.bfloat16)
+        assert torch.equal(candidate.replaced["rms_norm_modulate"](x, norm.weight, norm.eps), norm(x))
+    finally:
+        for name in [name for name in sys.modules if name.partition(".")[0] == "liger_kernel"]:
+            del sys.modules[name]
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("example-rmsnorm:kernel=cuda", "option kernel='cuda': choose one of stand-in, liger"),
+    ("example-rmsnorm:kernel=liger", "kernel=liger needs Liger-Kernel: pip install 'h3-example-rmsnorm[liger]'"),
+])
+def test_a_kernel_it_cannot_run_is_refused_before_any_gate(installed, monkeypatch, spec, message):
+    monkeypatch.setitem(sys.modules, "liger_kernel", None)  # not installed, whatever this machine has
+    with pytest.raises(candidates.CandidateError, match=re.escape(message)):
+        candidates.load(spec)
 
 
 KERNEL_GATE = '''

@@ -155,11 +155,18 @@ def source_digest(*roots: Path) -> str:
     return digest.hexdigest()
 
 
+def _wrapped_chain(fn: Callable) -> list[Callable]:
+    """``fn`` and every function it names through ``__wrapped__`` (an adapter of another package's kernel sets it)."""
+    chain = [fn]
+    while hasattr(chain[-1], "__wrapped__") and len(chain) < 32:
+        chain.append(chain[-1].__wrapped__)
+    return chain
+
+
 def package_identity(fn: Callable) -> dict:
-    """The top-level package that defines ``fn`` (followed through ``__wrapped__``, which an adapter of another
-    package's function sets): its distribution (name and version, None when it is not installed as one) and the
-    source digest of the package, so a candidate's identity pins the code it installs."""
-    top = (getattr(inspect.unwrap(fn), "__module__", None) or "").partition(".")[0]
+    """The top-level package that defines ``fn``: its distribution (name and version, None when it is not installed
+    as one) and the source digest of the package, so a candidate's identity pins the code it installs."""
+    top = (getattr(fn, "__module__", None) or "").partition(".")[0]
     module = sys.modules.get(top)
     path = getattr(module, "__file__", None)
     if path is None:
@@ -276,11 +283,13 @@ class ReplacedCandidate(ProgramCandidate):
 
     @functools.cached_property
     def packages(self) -> list[dict]:
-        """The packages of the installed functions, digested once (a large package's source takes a second)."""
+        """The packages of the installed functions and of the functions they name through ``__wrapped__``, digested
+        once (a large package's source takes a second)."""
         found = {}
         for fn in self.replaced.values():
-            package = package_identity(fn)
-            found[package["package"]] = package
+            for link in _wrapped_chain(fn)[1:] or [fn]:  # an adapter stands for what it wraps, all the way down
+                package = package_identity(link)
+                found[package["package"]] = package
         return [found[key] for key in sorted(found)]
 
     def identity(self) -> dict:
