@@ -24,6 +24,13 @@ def _jitted():
                 yield f"{name}.{attr}", value
 
 
+def test_triton_languages_own_functions_take_the_fast_path():
+    import triton.language as tl
+
+    assert isinstance(tl.sum, interpret._InterpretedDeviceFunction) == INTERPRET
+    assert isinstance(tl.zeros, interpret._InterpretedDeviceFunction) == INTERPRET
+
+
 def test_every_helper_is_a_device_function():
     """Kernels (launched with a grid, named ``*_kernel``) stay ``triton.jit``; everything else is a device function."""
     jitted = dict(_jitted())
@@ -38,10 +45,9 @@ def test_every_helper_is_a_device_function():
 
 @pytest.mark.skipif(not INTERPRET, reason="the interpreter's patching of triton.language")
 def test_launch_patches_once(monkeypatch):
-    """Inside a launch, device functions (rowreduce's helpers, column_sum, to_dtype) run on the launch's patch.
-
-    triton.language's own jit functions (tl.zeros, tl.sum, ...) still re-patch on every call: upstream's path.
-    """
+    """Inside a launch, device functions (rowreduce's helpers, column_sum, to_dtype) and triton.language's own jit
+    functions (tl.zeros, tl.sum, ...) run on the launch's patch: only launches patch, and the first call of a
+    triton.language function, which patches triton.language.core for good (upstream's path: it never restores)."""
     patched = []
     original = interpreter._patch_lang
 
@@ -58,4 +64,5 @@ def test_launch_patches_once(monkeypatch):
     rms_norm_modulate(x, weight, 1e-6, scale, shift, idx).sum().backward()
     ours = [name for name in patched if name.startswith("h3_triton.")]
     assert ours and all(name.endswith("_kernel") for name in ours), ours
+    assert len([name for name in patched if name.startswith("triton.language.")]) <= 1, patched
     assert not interpret._launch_patched(interpret.to_dtype.fn)  # the launch restored triton.language
