@@ -29,6 +29,15 @@ EVERY_CALL = replace("every-call", {"swiglu": op_registry.swiglu})  # bitwise th
 SOME_CALLS = replace("some-calls", {"linear": square_only})
 
 
+def square_only_and_off(x, weight, bias=None):
+    """square_only with a 1 % error in what it serves: a block that fails, so the gate runs its hybrids."""
+    out = square_only(x, weight, bias)
+    return NotImplemented if out is NotImplemented else out * 1.01
+
+
+SOME_CALLS_OFF = replace("some-calls-off", {"linear": square_only_and_off})
+
+
 @pytest.fixture(scope="module")
 def tiny_block0(tiny):
     return bounds.load(bounds.bounds_path(THRESHOLDS, "tiny", "cpu", "block0"), "block", tiny.identity, "cpu")
@@ -58,16 +67,18 @@ def test_a_kernel_that_serves_every_call_passes_the_model_gate(tiny, tiny_contra
 
 
 def test_the_block_gate_counts_the_candidates_replay_alone(tiny, tiny_contract, tiny_block0, tmp_path):
-    """Its hybrids (attribution) run the replaced op too; their calls are not the candidate's."""
+    """Its repeatability replays and hybrids (attribution, run when a check fails) call the replaced op too; their
+    calls are not the candidate's."""
     never = block_gate.check(tiny, NEVER_RUNS(), tiny_contract, tiny_block0, "cpu", 0, tmp_path)
     assert [c.name for c in never.failures] == ["coverage.swiglu"]
     assert "kernel never ran: swiglu served 0 of 1 calls (1 fell back to the provider)" in never.summary()
-    candidate = SOME_CALLS()
-    for diagnostics in (True, False):  # one candidate, counted anew per item: the first one's hybrids are not carried
-        some = block_gate.check(tiny, candidate, tiny_contract, tiny_block0, "cpu", 0, tmp_path,
-                                diagnostics=diagnostics)
-        assert some.passed, some.report()
-        assert some.context["coverage"] == {"linear": {"served": 4, "fell_back": 2}}, "attention's 4 square, ff's 2 not"
+    for candidate, passes in ((SOME_CALLS(), True), (SOME_CALLS_OFF(), False)):
+        for diagnostics in (True, False):  # one candidate, counted anew per item: the first one's hybrids are not carried
+            some = block_gate.check(tiny, candidate, tiny_contract, tiny_block0, "cpu", 0, tmp_path,
+                                    diagnostics=diagnostics)
+            assert some.passed == passes, some.report()
+            assert ("tables" in some.metrics["attribution"]) == (diagnostics and not passes)
+            assert some.context["coverage"] == {"linear": {"served": 4, "fell_back": 2}}, "attention's 4 square, ff's 2 not"
 
 
 def test_a_reused_generation_keeps_its_counts(tiny, tmp_path):

@@ -10,9 +10,10 @@ block), the provider and each variant (the block program over the provider's ops
 the candidate, recording every named point of the block program, its gradient, every parameter gradient and
 the input gradients. Bounds: the ensemble rule per tap, frozen like the model gate's.
 
-Attribution: hybrids of the candidate with one op group at a time run as the provider; the group whose swap
-back removes most of the error is named. With every group as the provider the block must be bitwise the
-provider: the gate checks that self-consistency. ULP sweep: per tap the histogram of ULP distances to golden
+Attribution, when a check of the block failed: hybrids of the candidate with one op group at a time run as the
+provider; the group whose swap back removes most of the error is named (a passing block has no error to attribute,
+and its hybrids would be two thirds of its check on a CPU). With every group as the provider the block must be
+bitwise the provider: the gate checks that self-consistency every time. ULP sweep: per tap the histogram of ULP distances to golden
 rounded to the tap's dtype, candidate beside provider, as JSON and as a PNG heat map (matplotlib's ``Figure``,
 without pyplot's global state, so it renders on a host thread while attribution replays on the device).
 """
@@ -337,8 +338,8 @@ def freeze(model, contract, device, block, thresholds, variant_names=None, force
 
 def check(model, candidate, contract, frozen, device, block, out_dir, progress=lambda m: None, diagnostics=True) -> GateResult:
     """The candidate's block, replayed from the capture frozen beside its bounds, against those bounds, with
-    a second replay (repeatability), attribution, self-consistency and the ULP sweep (``diagnostics=False`` leaves
-    those out: the verdict alone, as the power report needs it)."""
+    a second replay (repeatability), self-consistency, the ULP sweep and, when a check failed, attribution
+    (``diagnostics=False`` leaves those out: the verdict alone, as the power report needs it)."""
     timings: dict[str, float] = {}
     digest = frozen.provenance.get("capture_sha256")
     if not isinstance(digest, str):
@@ -392,9 +393,13 @@ def _check(model, candidate, frozen, device, block, out_dir, progress, diagnosti
         with timed(timings, "repeat"), numerics.deterministic():  # torch's own ops too, as the kernel gate runs them
             twice = [_errors(candidate_replay(model, block, inputs, device, candidate), golden) for _ in range(2)]
             checks.append(repeatability(*twice))
-        with timed(timings, "attribution"):
-            attribution, consistency = attribute(model, block, inputs, device, candidate, golden, frozen, progress)
-        checks += consistency
+        with timed(timings, "consistency"):
+            checks += self_consistency(model, block, inputs, device, candidate)
+        if all(check.passed for check in checks):
+            attribution = {"not_run": "every check passed: no error to attribute (the hybrids run when one fails)"}
+        else:
+            with timed(timings, "attribution"):
+                attribution = attribute(model, block, inputs, device, candidate, golden, frozen, progress)
     return coverage.judged(GateResult(
         gate=GATE,
         params={"block": block},
@@ -422,38 +427,39 @@ def repeatability(first: dict[str, float], again: dict[str, float]) -> Check:
     return Check("candidate[replayed twice]", "determinism", float(len(differing)), 0.0, not differing, detail)
 
 
-def attribute(model, block, inputs, device, candidate, golden, frozen, progress):
-    """Hybrid runs: per op group swapped back to the provider, the error table, and the group they point at."""
+def self_consistency(model, block, inputs, device, candidate) -> list[Check]:
+    """The candidate's block with every op group run as the provider must be bitwise the provider's block: its
+    program adds nothing of its own, so the hybrids' errors are the groups' own. No check for a candidate that cannot
+    run its ops as the provider's (not a block program)."""
     try:
-        hybrids = {group: candidate.with_provider_groups((group,)) for group in OP_GROUPS}
         everything = candidate.with_provider_groups(OP_GROUPS)
-    except CandidateError as error:
-        return {"unavailable": str(error)}, []
-    tables = {}
-    for group, hybrid in hybrids.items():
-        progress(f"hybrid {group}")
-        tables[group] = _errors(candidate_replay(model, block, inputs, device, hybrid), golden)
-    progress("hybrid all groups")
+    except CandidateError:
+        return []
     with numerics.deterministic():
         provider = provider_replay(model, block, inputs, device, numerics.PROVIDER)
         all_provider = candidate_replay(model, block, inputs, device, everything)
     differing = [name for name in provider if name not in all_provider or not torch.equal(all_provider[name], provider[name])]
-    consistency = [
-        Check(
-            "hybrid[all groups as provider]",
-            "self_consistency",
-            float(len(differing)),
-            0.0,
-            not differing,
-            {"reason": f"{len(differing)} taps differ bitwise from the provider: {differing[:5]}"} if differing else {},
-        )
-    ]
+    detail = {"reason": f"{len(differing)} taps differ bitwise from the provider: {differing[:5]}"} if differing else {}
+    return [Check("hybrid[all groups as provider]", "self_consistency", float(len(differing)), 0.0, not differing, detail)]
+
+
+def attribute(model, block, inputs, device, candidate, golden, frozen, progress) -> dict:
+    """Hybrids, run when a check of the block failed: per op group swapped back to the provider, the error table,
+    and the group they point at (the one whose swap leaves the smallest worst ratio to the bounds)."""
+    try:
+        hybrids = {group: candidate.with_provider_groups((group,)) for group in OP_GROUPS}
+    except CandidateError as error:
+        return {"unavailable": str(error)}
+    tables = {}
+    for group, hybrid in hybrids.items():
+        progress(f"hybrid {group}")
+        tables[group] = _errors(candidate_replay(model, block, inputs, device, hybrid), golden)
 
     def score(table):
         return max((table[tap] / frozen.bounds[tap] for tap in table if tap in frozen.bounds), default=0.0)
 
     scores = {group: score(table) for group, table in tables.items()}
-    return {"tables": tables, "worst_ratio": scores, "attributed_group": min(scores, key=scores.get)}, consistency
+    return {"tables": tables, "worst_ratio": scores, "attributed_group": min(scores, key=scores.get)}
 
 
 # The gate protocol (:mod:`h3gate.gates`) ------------------------------------------------------------------
