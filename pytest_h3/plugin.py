@@ -7,6 +7,8 @@ fixture that runs the engine for the marked gate, JUnit properties, and the sess
 
 from __future__ import annotations
 
+import functools
+
 import itertools
 import os
 import sys
@@ -192,14 +194,28 @@ def pytest_collection_modifyitems(session, config, items):
         kept, dropped = distribution.shard(items, spec)
         items[:] = kept
         h3.ledger.outside_shard.update(item.nodeid for item in dropped)
-    # Cheap before expensive: gate items after other tests, kernel -> block -> model -> generation.
-    def rank(item):
-        gate = gate_of(item)
-        return 0 if gate is None else 1 + registry.kinds().index(gate["gate"])
-
-    items.sort(key=rank)
+    items.sort(key=functools.partial(_rank, order=_gate_order(under_xdist=hasattr(config, "workerinput"))))
     scheduled = {(gate_of(item) or {}).get("gate") for item in items}
     h3.gates_scheduled = {kind: kind in scheduled for kind in registry.kinds()}
+
+
+def _gate_order(under_xdist: bool) -> list[str]:
+    """In one process, cheap before expensive (the registry's order: kernel, block, model, generation, ...), so a
+    broken kernel is reported in seconds. Over xdist workers, which take items in this order, the expensive gates
+    first, so the many short kernel items fill every worker's end instead of one worker finishing a long item alone
+    (longest-processing-time-first scheduling); the gates others wait for
+    (the model gate, which the generation gate requires) lead."""
+    kinds = list(registry.kinds())
+    if not under_xdist:
+        return kinds
+    waited_for = registry.required()
+    return [k for k in kinds if k in waited_for] + [k for k in reversed(kinds) if k not in waited_for]
+
+
+def _rank(item, order: list[str]) -> int:
+    """Other tests before gate items, gate items in ``order``."""
+    gate = gate_of(item)
+    return 0 if gate is None else 1 + order.index(gate["gate"])
 
 
 @pytest.hookimpl(wrapper=True)

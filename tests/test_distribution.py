@@ -139,3 +139,16 @@ def test_workers_share_gpus_in_blocks(monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw6")
     with pytest.raises(pytest.UsageError, match="gives each 3 worker"):
         distribution.prepare("auto", per_gpu=3)
+
+
+def test_one_process_runs_cheap_gates_first_and_xdist_workers_the_expensive_ones():
+    from h3gate import gates
+    from pytest_h3.plugin import _gate_order
+
+    assert _gate_order(under_xdist=False) == list(gates.kinds())
+    assert _gate_order(under_xdist=False)[:4] == ["kernel", "block", "model", "generation"]
+    over_workers = _gate_order(under_xdist=True)
+    assert sorted(over_workers) == sorted(gates.kinds())
+    assert over_workers[0] == "model", "the generation gate waits for the model gate's verdict: it leads"
+    assert over_workers.index("power") < over_workers.index("generation") < over_workers.index("block") \
+        < over_workers.index("kernel")
