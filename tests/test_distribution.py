@@ -152,3 +152,27 @@ def test_one_process_runs_cheap_gates_first_and_xdist_workers_the_expensive_ones
     assert over_workers[0] == "model", "the generation gate waits for the model gate's verdict: it leads"
     assert over_workers.index("power") < over_workers.index("generation") < over_workers.index("block") \
         < over_workers.index("kernel")
+
+
+@pytest.mark.parametrize("cores, workers, env, threads", [
+    (2, 2, None, 1), (16, 8, None, 2), (3, 4, None, 1), (2, 1, None, None), (16, 8, "4", None)])
+def test_an_xdist_worker_takes_its_share_of_the_cores(monkeypatch, cores, workers, env, threads):
+    """torch's intra-op threads: cores // workers in a worker, untouched in one process or under OMP_NUM_THREADS."""
+    import types
+
+    import torch
+
+    from pytest_h3.session import H3Session
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)))
+    if env is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", env)
+    before = torch.get_num_threads()
+    worker = types.SimpleNamespace(config=types.SimpleNamespace(workerinput={"workercount": workers}))
+    try:
+        H3Session.share_cores(worker)
+        assert torch.get_num_threads() == (threads or before)
+    finally:
+        torch.set_num_threads(before)
