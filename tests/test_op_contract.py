@@ -106,11 +106,12 @@ def test_the_kernel_gate_qualifies_the_shapes_a_kernel_takes_and_records_those_i
 
 
 def test_a_block_replayed_twice_must_repeat_its_errors_bitwise():
-    from h3gate.gates.block import repeatability
+    from h3gate.verdict import repeatability
 
-    assert repeatability({"a": 0.5, "b": 0.25}, {"a": 0.5, "b": 0.25}).passed
-    varying = repeatability({"a": 0.5, "b": 0.25}, {"a": 0.5, "b": 0.25000000000000006})
-    assert not varying.passed and varying.detail["reason"] == "1 taps differ between two identical replays: ['b']"
+    assert repeatability("twice", {"a": 0.5, "b": 0.25}, {"a": 0.5, "b": 0.25}).passed
+    varying = repeatability("twice", {"a": 0.5, "b": 0.25}, {"a": 0.5, "b": 0.25000000000000006})
+    assert not varying.passed and varying.detail["reason"] == "1 taps differ between two identical runs: ['b']"
+    assert not repeatability("twice", {"a": {"relative_l2": 0.5}}, {"a": {"relative_l2": 0.5000001}}).passed
 
 
 class Alternating:
@@ -139,7 +140,18 @@ def test_the_block_gate_fails_a_block_whose_two_replays_differ(tiny, tiny_contra
     result = block_gate.check(tiny, replace("racy", {"swiglu": Alternating()})(), tiny_contract, frozen, "cpu", 0,
                               tmp_path)
     (repeat,) = [check for check in result.checks if check.kind == "determinism"]
-    assert not repeat.passed and "differ between two identical replays" in repeat.detail["reason"], result.report()
+    assert not repeat.passed and "differ between two identical runs" in repeat.detail["reason"], result.report()
     steady = block_gate.check(tiny, replace("steady", {"swiglu": op_registry.swiglu})(), tiny_contract, frozen, "cpu",
                               0, tmp_path)
+    assert steady.passed, steady.report()
+
+
+def test_the_model_gate_fails_a_model_whose_two_runs_differ(tiny, tiny_contract, tiny_model_bounds):
+    from h3gate.gates import model as model_gate
+
+    result = model_gate.check(tiny, replace("racy", {"swiglu": Alternating()})(), tiny_contract, tiny_model_bounds, "cpu")
+    (repeat,) = [check for check in result.checks if check.kind == "determinism"]
+    assert repeat.name == "candidate[run twice]" and not repeat.passed, result.report()
+    steady = model_gate.check(tiny, replace("steady", {"swiglu": op_registry.swiglu})(), tiny_contract,
+                              tiny_model_bounds, "cpu")
     assert steady.passed, steady.report()

@@ -51,7 +51,7 @@ import contextlib
 import copy
 import functools
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
+from typing import Callable, Collection, Mapping
 
 import torch
 from diffusers.models.modeling_utils import get_parameter_dtype
@@ -99,6 +99,7 @@ class _Run:
     candidate: Candidate | None
     transformer: torch.nn.Module  # golden's: a float32 copy without blocks, which come one at a time
     blocks: torch.nn.ModuleList
+    deterministic: bool = False  # torch's deterministic algorithms in its steps (runs compared bitwise)
     saved: list = field(default_factory=list)  # block inputs, then the stack's output
     arguments: dict = field(default_factory=dict)
     stack_inputs: tuple = ()  # (hidden_states, temb, adaln_indices, rotary_emb) as the pre-stack part made them
@@ -109,7 +110,8 @@ class _Run:
     def scope(self):
         """The run's numerics mode and candidate for one step; a crash of the candidate names it."""
         installed = self.candidate.installed(self.transformer) if self.candidate is not None else contextlib.nullcontext()
-        with blamed_on(self.candidate), numerics.activate(self.mode), installed:
+        strict = numerics.deterministic() if self.deterministic else contextlib.nullcontext()
+        with blamed_on(self.candidate), numerics.activate(self.mode), strict, installed:
             yield
 
     def block(self, index: int) -> torch.nn.Module:
@@ -167,11 +169,13 @@ def stream_errors(
     progress=lambda message: None,
     timings: dict | None = None,
     saved_on: str = "host",
+    deterministic: Collection[str] = (),
 ) -> dict[str, dict[str, dict]]:
     """{run name: {tap: :func:`h3gate.compare.compare` metrics against the reference}} for each of ``runs`` (name ->
     (mode, candidate or None)), from one forward and backward of the whole transformer at ``inputs`` (module
     docstring). ``timings`` collects seconds per phase (``forward.pre``, ``forward.block<i>``, ...; ``compare``
-    counts the comparisons inside them); ``saved_on`` says where the runs keep their block inputs."""
+    counts the comparisons inside them); ``saved_on`` says where the runs keep their block inputs; the runs named in
+    ``deterministic`` run with torch's deterministic algorithms."""
     if saved_on not in SAVED_ON:
         raise ValueError(f"saved_on is one of {SAVED_ON}, not {saved_on!r}")
     if any(mode.fp32_weights and candidate is not None for mode, candidate in runs.values()):
@@ -183,7 +187,8 @@ def stream_errors(
         with _stopped_at_blocks(transformer):
             shell = copy.deepcopy(transformer).float()
     reference = _Run(reference_mode.name, reference_mode, None, shell if reference_mode.fp32_weights else transformer, blocks)
-    compared = [_Run(name, mode, candidate, transformer, blocks) for name, (mode, candidate) in runs.items()]
+    compared = [_Run(name, mode, candidate, transformer, blocks, deterministic=name in deterministic)
+                for name, (mode, candidate) in runs.items()]
     lockstep = _Lockstep(reference, compared, timings)
     everyone = [reference, *compared]
     host = torch.device("cpu" if saved_on == "host" else device)

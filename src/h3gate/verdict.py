@@ -104,3 +104,13 @@ class GateResult:
             "metrics": self.metrics,
             "timings": self.timings,
         }
+
+
+def repeatability(name: str, first: dict, again: dict) -> Check:
+    """Two identical runs of a candidate, torch's own ops deterministic in both (on CUDA its index and attention
+    backwards otherwise add with atomics): every tap's error metrics to golden must be bitwise the same, which a
+    kernel adding in a varying order does not keep. Comparing the errors rather than the taps holds one run's taps
+    at a time (19 GB a block's at release size)."""
+    differing = sorted(tap for tap in first if again.get(tap) != first[tap])
+    detail = {"reason": f"{len(differing)} taps differ between two identical runs: {differing[:5]}"} if differing else {}
+    return Check(name, "determinism", float(len(differing)), 0.0, not differing, detail)

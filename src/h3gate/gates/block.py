@@ -43,7 +43,7 @@ from h3gate.gates.model import contract_of, frozen_for_contract, inventory_check
 from h3gate.measure import timed
 from h3gate.model import Model
 from h3gate.taps import TapStore
-from h3gate.verdict import Check, GateResult
+from h3gate.verdict import Check, GateResult, repeatability
 
 GATE = "block"
 CAPTURE_SUFFIX = "-capture.safetensors"
@@ -392,7 +392,7 @@ def _check(model, candidate, frozen, device, block, out_dir, progress, diagnosti
         progress(f"candidate {candidate.name} twice")
         with timed(timings, "repeat"), numerics.deterministic():  # torch's own ops too, as the kernel gate runs them
             twice = [_errors(candidate_replay(model, block, inputs, device, candidate), golden) for _ in range(2)]
-            checks.append(repeatability(*twice))
+            checks.append(repeatability("candidate[replayed twice]", *twice))
         with timed(timings, "consistency"):
             checks += self_consistency(model, block, inputs, device, candidate)
         if all(check.passed for check in checks):
@@ -415,16 +415,6 @@ def _check(model, candidate, frozen, device, block, out_dir, progress, diagnosti
         metrics={"candidate": candidate_errors, "provider": provider_errors, "attribution": attribution, "ulp": ulp},
         timings=timings,
     ), counts)
-
-
-def repeatability(first: dict[str, float], again: dict[str, float]) -> Check:
-    """The candidate's block replayed twice from the same inputs, torch's own ops deterministic in both (on CUDA its
-    index and attention backwards otherwise add with atomics): every tap's relative L2 to golden (float64) must be
-    bitwise the same, which a kernel adding in a varying order does not keep. Comparing the errors rather than the
-    taps holds one replay's taps at a time (19 GB at release size)."""
-    differing = sorted(tap for tap in first if again.get(tap) != first[tap])
-    detail = {"reason": f"{len(differing)} taps differ between two identical replays: {differing[:5]}"} if differing else {}
-    return Check("candidate[replayed twice]", "determinism", float(len(differing)), 0.0, not differing, detail)
 
 
 def self_consistency(model, block, inputs, device, candidate) -> list[Check]:

@@ -25,7 +25,7 @@ from h3gate.contract import ModelContract, load_model_contract, model_inputs
 from h3gate.files import sha256_file
 from h3gate.model import Model
 from h3gate.streaming import stream_errors
-from h3gate.verdict import Check, GateResult
+from h3gate.verdict import Check, GateResult, repeatability
 
 GATE = "model"
 
@@ -76,6 +76,9 @@ def freeze(
     return frozen
 
 
+AGAIN = "candidate[again]"
+
+
 def check(
     model: Model,
     candidate: Candidate,
@@ -84,15 +87,20 @@ def check(
     device: str,
     progress=lambda message: None,
 ) -> GateResult:
-    """Qualify ``candidate`` against frozen bounds: it and the provider streamed in lockstep with golden."""
+    """Qualify ``candidate`` against frozen bounds: it and the provider streamed in lockstep with golden; the
+    candidate's runs twice, bitwise the same. Coverage counts the calls of both candidate runs."""
     inputs, upstream = model_inputs(contract, model.config)
     phase_timings: dict[str, float] = {}
-    runs = {"provider": (numerics.PROVIDER, None), "candidate": (numerics.PROVIDER, candidate)}
+    # The candidate twice, both under torch's deterministic algorithms, for the repeatability check: one more
+    # candidate run in the same stream, golden's and the provider's computed once.
+    runs = {"provider": (numerics.PROVIDER, None), "candidate": (numerics.PROVIDER, candidate),
+            AGAIN: (numerics.PROVIDER, candidate)}
     with coverage.counting(candidate) as counts:
         streamed = stream_errors(model, device, numerics.GOLDEN, runs, inputs, upstream, progress=progress,
-                                 timings=phase_timings)
+                                 timings=phase_timings, deterministic=("candidate", AGAIN))
     candidate_errors, provider_errors = streamed["candidate"], streamed["provider"]
     checks = inventory_checks(set(candidate_errors), set(frozen.bounds))
+    checks.append(repeatability("candidate[run twice]", candidate_errors, streamed[AGAIN]))
     for tap, metrics in candidate_errors.items():
         if tap not in frozen.bounds:
             continue
