@@ -97,15 +97,18 @@ class H3Session:
         return ModelRef(model_source(self.config.getoption("--h3-model"), self.config.getoption("--h3-model-seed")))
 
     def thresholds_status(self):
-        """The state of the model's frozen files on this session's device (:mod:`h3gate.status`); large files
-        (release-size captures) are hashed once per size and mtime, the lock check at session start hashes all."""
+        """The state of the frozen files that the gates of the session's completeness profile read, for its model on
+        its device (:mod:`h3gate.status`); large files (release-size captures) are hashed once per size and mtime,
+        the lock check at session start hashes all."""
         from h3gate.files import file_digest, sha256_file
+        from h3gate.profiles import profile
         from h3gate.status import status
 
         def digest(path):
             return file_digest(path) if path.stat().st_size > LARGE_FILE else sha256_file(path)
 
-        return status(self.thresholds, self.config.getoption("--h3-model"), self.device, digest=digest)
+        gates = {requirement.gate for requirement in profile(self.config.getoption("--h3-profile")).requirements}
+        return status(self.thresholds, self.config.getoption("--h3-model"), self.device, digest=digest, gates=gates)
 
     @property
     def candidate(self):

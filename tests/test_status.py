@@ -220,3 +220,15 @@ def test_missing_bounds_fail_at_once_with_the_freeze_command(project):
         assert "the model was built" not in text
         assert f"no frozen {gate} bounds at {project.path}/thresholds/tiny/cpu/{stem}-bounds.json" in text
         assert f"freeze them with: pytest {shlex.quote(report.nodeid)} --h3-freeze --h3-model=tiny --h3-device=cpu" in text
+
+
+def test_the_session_header_counts_the_files_its_profiles_gates_read(pytester):
+    """make gate's edge run (profile model-block) needs edge's model and block files only: nothing is missing."""
+    from conftest import THRESHOLDS
+
+    pytester.makepyfile(test_nothing="def test_nothing():\n    pass\n")
+    for profile, line in (("model-block", "edge/cpu: 4 present and locked, 0 missing, 0 stale"),
+                          ("ci", "edge/cpu: 4 present and locked, 4 missing, 0 stale")):
+        run = pytester.runpytest("-p", "no:cacheprovider", "--h3-model=edge", "--h3-device=cpu",
+                                 f"--h3-thresholds={THRESHOLDS}", f"--h3-profile={profile}")
+        run.stdout.fnmatch_lines([f"h3 thresholds: {line}*"])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -243,8 +244,9 @@ def _command(gate: str, relative: str, kind: str, state: str, model: str, device
 
 
 def status(thresholds: str | Path = DEFAULT_THRESHOLDS, model: str = "tiny", device: str | None = None,
-           device_class: str | None = None, digest=None) -> Status:
-    """The state of every file ``model``'s gates read on ``device`` (default: cuda when visible, else cpu).
+           device_class: str | None = None, digest=None, gates: Collection[str] | None = None) -> Status:
+    """The state of every file ``model``'s gates (or those of ``gates`` only) read on ``device`` (default: cuda
+    when visible, else cpu).
 
     ``thresholds`` appears in the commands as given (relative stays relative); ``device_class`` overrides the
     one of ``device`` (a folder frozen on another machine's GPU); ``digest`` (default: sha256 of the file) lets a
@@ -263,7 +265,7 @@ def status(thresholds: str | Path = DEFAULT_THRESHOLDS, model: str = "tiny", dev
         lock, unreadable = read_lock(root), ""
     except FileFormatError as error:
         lock, unreadable = {}, str(error)
-    expected = _expected(name, device_class, num_layers(model))
+    expected = [row for row in _expected(name, device_class, num_layers(model)) if gates is None or row[0] in gates]
     present = {relative for _, relative, _ in expected if (root / relative).is_file()}
     rows = []
     for gate, relative, kind in expected:
