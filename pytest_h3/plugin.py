@@ -203,8 +203,8 @@ def _gate_order(under_xdist: bool) -> list[str]:
     """In one process, cheap before expensive (the registry's order: kernel, block, model, generation, ...), so a
     broken kernel is reported in seconds. Over xdist workers, which take items in this order, the expensive gates
     first, so the many short kernel items fill every worker's end instead of one worker finishing a long item alone
-    (longest-processing-time-first scheduling); the gates others wait for
-    (the model gate, which the generation gate requires) lead."""
+    (longest-processing-time-first scheduling); the gates others wait for (the model gate, which the generation
+    gate requires) lead."""
     kinds = list(registry.kinds())
     if not under_xdist:
         return kinds
