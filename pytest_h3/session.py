@@ -170,21 +170,23 @@ class H3Session:
         self.started = True
         import pytest_h3.gates  # noqa: F401  the engine (torch, diffusers), which every gate item needs: paid here,
         import pytest_h3.report  # noqa: F401  once, not by the first item
-        self.share_cores()
+        self.one_thread_on_cpu()
         self.verify_thresholds()
         if not self.freezing:
             self.candidate
 
-    def share_cores(self) -> None:
-        """An xdist worker takes its share of the CPU's cores for torch's intra-op threads (at least one), unless
-        ``OMP_NUM_THREADS`` says otherwise. torch's default is every core in every worker: on 2 cores, 2 workers of
-        2 spinning threads each spent half the CPU time of ``make gate`` waiting (8:51 -> 4:53 with one thread a
-        worker). Where bits could depend on it, they are compared within one process, whose count is fixed."""
-        workers = int(getattr(self.config, "workerinput", {}).get("workercount", 1))
-        if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+    def one_thread_on_cpu(self) -> None:
+        """A session whose gates run on the CPU computes with one intra-op thread of torch, unless ``OMP_NUM_THREADS``
+        says otherwise. torch's bits depend on its thread count (the block gate's backward differs in the last bits
+        between one thread and two), so a fixed count makes one process, its xdist workers and its shards give the
+        same evidence whatever the number of cores or workers, and a resumed generation the same bits; one thread a
+        worker also stops workers from oversubscribing the cores (``make gate`` on 2 cores, 2 workers of 2 spinning
+        threads each: 8:51, one thread a worker: 4:53). The interpreted kernels, most of a CPU gate's time, run in
+        one thread anyway. On a GPU, torch's host threads stay as they are."""
+        if self.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
             import torch
 
-            torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // workers))
+            torch.set_num_threads(1)
 
     def verify_thresholds(self) -> None:
         from h3gate import bounds as bounds_mod

@@ -154,25 +154,24 @@ def test_one_process_runs_cheap_gates_first_and_xdist_workers_the_expensive_ones
         < over_workers.index("kernel")
 
 
-@pytest.mark.parametrize("cores, workers, env, threads", [
-    (2, 2, None, 1), (16, 8, None, 2), (3, 4, None, 1), (2, 1, None, None), (16, 8, "4", None)])
-def test_an_xdist_worker_takes_its_share_of_the_cores(monkeypatch, cores, workers, env, threads):
-    """torch's intra-op threads: cores // workers in a worker, untouched in one process or under OMP_NUM_THREADS."""
+@pytest.mark.parametrize("device, env, threads", [("cpu", None, 1), ("cpu", "2", None), ("cuda", None, None)])
+def test_a_cpu_session_computes_with_one_thread(monkeypatch, device, env, threads):
+    """One intra-op thread on the CPU whatever the cores and workers (bits depend on the count); untouched under
+    OMP_NUM_THREADS or on a GPU."""
     import types
 
     import torch
 
     from pytest_h3.session import H3Session
 
-    monkeypatch.setattr("os.sched_getaffinity", lambda pid: set(range(cores)))
     if env is None:
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", env)
     before = torch.get_num_threads()
-    worker = types.SimpleNamespace(config=types.SimpleNamespace(workerinput={"workercount": workers}))
+    torch.set_num_threads(2)
     try:
-        H3Session.share_cores(worker)
-        assert torch.get_num_threads() == (threads or before)
+        H3Session.one_thread_on_cpu(types.SimpleNamespace(device=device))
+        assert torch.get_num_threads() == (threads or 2)
     finally:
         torch.set_num_threads(before)
