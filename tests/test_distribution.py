@@ -156,8 +156,8 @@ def test_one_process_runs_cheap_gates_first_and_xdist_workers_the_expensive_ones
 
 @pytest.mark.parametrize("device, env, threads", [("cpu", None, 1), ("cpu", "2", None), ("cuda", None, None)])
 def test_a_cpu_session_computes_with_one_thread(monkeypatch, device, env, threads):
-    """One intra-op thread on the CPU whatever the cores and workers (bits depend on the count); untouched under
-    OMP_NUM_THREADS or on a GPU."""
+    """One thread on the CPU, torch's and numpy's BLAS, whatever the cores and workers (bits depend on the count);
+    untouched under OMP_NUM_THREADS or on a GPU."""
     import types
 
     import torch
@@ -168,10 +168,17 @@ def test_a_cpu_session_computes_with_one_thread(monkeypatch, device, env, thread
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", env)
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    def blas_threads():
+        return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
     before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        H3Session.one_thread_on_cpu(types.SimpleNamespace(device=device))
-        assert torch.get_num_threads() == (threads or 2)
-    finally:
-        torch.set_num_threads(before)
+    with threadpool_limits(limits=2, user_api="blas"):
+        torch.set_num_threads(2)
+        try:
+            H3Session.one_thread_on_cpu(types.SimpleNamespace(device=device))
+            assert torch.get_num_threads() == (threads or 2)
+            assert blas_threads() <= {threads or 2}
+        finally:
+            torch.set_num_threads(before)
