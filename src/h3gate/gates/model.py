@@ -88,7 +88,7 @@ def check(
     progress=lambda message: None,
 ) -> GateResult:
     """Qualify ``candidate`` against frozen bounds: it and the provider streamed in lockstep with golden; the
-    candidate's runs twice, bitwise the same. Coverage counts the calls of both candidate runs."""
+    candidate runs twice, and its two runs must agree bitwise. Coverage counts the calls of both candidate runs."""
     inputs, upstream = model_inputs(contract, model.config)
     phase_timings: dict[str, float] = {}
     # The candidate twice, both under torch's deterministic algorithms, for the repeatability check: one more
