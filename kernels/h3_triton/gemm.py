@@ -40,6 +40,12 @@ DTYPES = (torch.bfloat16, torch.float32)
 # Up to this many rows the "skinny" tiles (16 rows) apply: the AdaLN projection has one row per timestep and
 # the bias gradient one row in all, where 128-row tiles would be almost all padding.
 _SKINNY_ROWS = 16
+# A skinny product whose (unsplit) K exceeds two chunks is split K: its chunks of _K_CHUNK (a multiple of every
+# tiling's BLOCK_K) are reduced by parallel programs, their float32 sums added in chunk order by a second kernel.
+# The AdaLN input gradient (3 rows, K = 96,768, N = 2,688 at release) otherwise runs 42 programs on 132 SMs. The
+# chunks depend on K alone, so the bits do not depend on the tiling.
+_K_CHUNK = 4096
+_CHUNK_SUM_N = 128
 
 
 @device_function
@@ -68,10 +74,10 @@ def _grouped_tile(tile, num_m, num_n, GROUP_M: tl.constexpr):
 @triton.jit
 def _gemm_kernel(
     a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
-    M, N, M_INNER, K_OUTER, K_INNER,
+    M, N, M_INNER, K_OUTER, K_INNER, K_CHUNK,
     s_a_mo, s_a_mi, s_a_ko, s_a_ki,
     s_b_ko, s_b_ki, s_b_n,
-    s_c_mo, s_c_mi, s_c_n,
+    s_c_split, s_c_mo, s_c_mi, s_c_n,
     s_bias,
     s_z_mo, s_z_mi, s_z_n,
     M_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, A_SILU: tl.constexpr, SILU_GRAD: tl.constexpr,
@@ -80,10 +86,15 @@ def _gemm_kernel(
 ):
     """One (BLOCK_M, BLOCK_N) tile of C; the K axis is K_OUTER blocks of K_INNER, reduced in order.
 
+    With K_CHUNK < K_INNER (split K, ``K_OUTER`` 1) program (tile, j) reduces the K_CHUNK entries from j * K_CHUNK
+    and stores its float32 sum at ``c_ptr + j * s_c_split``, for :func:`_chunk_sum_kernel`.
     INTERPRETED selects the interpreter's workarounds: float32 operands for bfloat16 dots (``mma``'s UPCAST)
     and rounding on the bits (``to_dtype``).
     """
     pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
+    chunk = tl.program_id(1).to(tl.int64)
+    k_start = chunk * K_CHUNK
+    k_len = tl.minimum(K_INNER - k_start, K_CHUNK)
 
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -91,14 +102,14 @@ def _gemm_kernel(
     in_m = rm < M
     in_n = rn < N
 
-    a_outer = a_ptr + _row_offsets(rm, M_INNER, s_a_mo, s_a_mi, M_SPLIT)[:, None] + rk[None, :] * s_a_ki
-    b_outer = b_ptr + rn.to(tl.int64)[None, :] * s_b_n + rk[:, None] * s_b_ki
+    a_outer = a_ptr + _row_offsets(rm, M_INNER, s_a_mo, s_a_mi, M_SPLIT)[:, None] + (k_start + rk)[None, :] * s_a_ki
+    b_outer = b_ptr + rn.to(tl.int64)[None, :] * s_b_n + (k_start + rk)[:, None] * s_b_ki
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for _ in range(0, K_OUTER):
         a_ptrs = a_outer
         b_ptrs = b_outer
-        for k in range(0, K_INNER, BLOCK_K):
-            in_k = rk < K_INNER - k
+        for k in range(0, k_len, BLOCK_K):
+            in_k = rk < k_len - k
             # Masked K entries must be zero in BOTH operands: 0 * NaN from a neighbour would poison the sum.
             a = tl.load(a_ptrs, mask=in_m[:, None] & in_k[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=in_k[:, None] & in_n[None, :], other=0.0)
@@ -111,9 +122,20 @@ def _gemm_kernel(
         a_outer += s_a_ko
         b_outer += s_b_ko
 
+    _finish_tile(acc, rm, rn, M, N, M_INNER, c_ptr + chunk * s_c_split, s_c_mo, s_c_mi, s_c_n, bias_ptr, s_bias,
+                 z_ptr, s_z_mo, s_z_mi, s_z_n, M_SPLIT, HAS_BIAS, SILU_GRAD, INTERPRETED)
+
+
+@device_function
+def _finish_tile(acc, rm, rn, M, N, M_INNER, c_ptr, s_c_mo, s_c_mi, s_c_n, bias_ptr, s_bias, z_ptr, s_z_mo, s_z_mi,
+                 s_z_n, M_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_GRAD: tl.constexpr,
+                 INTERPRETED: tl.constexpr):
+    """The epilogue of a float32 tile ``acc`` of rows ``rm`` and columns ``rn``: (+ bias) (* silu'(z)), rounded
+    once to C's dtype and stored."""
+    in_n = rn < N
+    in_c = (rm < M)[:, None] & in_n[None, :]
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rn * s_bias, mask=in_n, other=0.0).to(tl.float32)[None, :]
-    in_c = in_m[:, None] & in_n[None, :]
     if SILU_GRAD:
         z_ptrs = z_ptr + _row_offsets(rm, M_INNER, s_z_mo, s_z_mi, M_SPLIT)[:, None] + rn[None, :] * s_z_n
         z = tl.load(z_ptrs, mask=in_c, other=0.0).to(tl.float32)
@@ -121,6 +143,30 @@ def _gemm_kernel(
         acc = acc * (sig * (1.0 + z * (1.0 - sig)))
     c_ptrs = c_ptr + _row_offsets(rm, M_INNER, s_c_mo, s_c_mi, M_SPLIT)[:, None] + rn.to(tl.int64)[None, :] * s_c_n
     tl.store(c_ptrs, to_dtype(acc, c_ptr.dtype.element_ty, INTERPRETED), mask=in_c)
+
+
+@triton.jit
+def _chunk_sum_kernel(
+    partial_ptr, c_ptr, bias_ptr, z_ptr,
+    M, N, M_INNER, CHUNKS,
+    s_c_mo, s_c_mi, s_c_n,
+    s_bias,
+    s_z_mo, s_z_mi, s_z_n,
+    M_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, SILU_GRAD: tl.constexpr, INTERPRETED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """C = the sum of the split-K partials (CHUNKS, M, N) float32 contiguous, added in chunk order, and the
+    epilogue (:func:`_finish_tile`)."""
+    rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_p = (rm < M)[:, None] & (rn < N)[None, :]
+    p_ptrs = partial_ptr + rm.to(tl.int64)[:, None] * N + rn[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for _ in range(0, CHUNKS):
+        acc += tl.load(p_ptrs, mask=in_p, other=0.0)
+        p_ptrs += M * N
+    _finish_tile(acc, rm, rn, M, N, M_INNER, c_ptr, s_c_mo, s_c_mi, s_c_n, bias_ptr, s_bias,
+                 z_ptr, s_z_mo, s_z_mi, s_z_n, M_SPLIT, HAS_BIAS, SILU_GRAD, INTERPRETED)
 
 
 @device_function
@@ -186,7 +232,7 @@ def _launcher(bf16_rows: list[tuple[int, int, int, int]], fp32_rows: list[tuple[
     return Launcher(
         _gemm_kernel,
         {2: configs(bf16_rows, ("BLOCK_M", "BLOCK_N"), **fixed), 4: configs(fp32_rows, ("BLOCK_M", "BLOCK_N"), **fixed)},
-        key=["M", "N", "K_OUTER", "K_INNER"],
+        key=["M", "N", "K_OUTER", "K_INNER", "K_CHUNK"],
         interpreter={"BLOCK_M": interpreter_block_m, "BLOCK_N": 128, **fixed},
     )
 
@@ -307,20 +353,33 @@ def _matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, *, bias: torc
         return
     if z is None and not a_silu and _described_matmul(a, b, c, m, n, k, bias):
         return
-    launch = _SKINNY if m.count <= _SKINNY_ROWS else _TILED
+    skinny = m.count <= _SKINNY_ROWS
+    chunks = triton.cdiv(k.count, _K_CHUNK) if skinny and k.inner == k.count and k.count > 2 * _K_CHUNK else 1
     z_args = (*z.rows, z.cols[1]) if z is not None else (0, 0, 0)
-    launch(
-        lambda meta: (triton.cdiv(m.count, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),),
-        a.t, b.t, c.t, c.t if bias is None else bias, c.t if z is None else z.t,
-        m.count, n, m.inner, k.count // k.inner, k.inner,
+    bias_args = (c.t if bias is None else bias, c.t if z is None else z.t)
+    epilogue = dict(M_SPLIT=m.inner != m.count, HAS_BIAS=bias is not None, SILU_GRAD=z is not None,
+                    INTERPRETED=INTERPRET)
+    out, out_strides = c, (0, *c.rows, c.cols[1])
+    if chunks > 1:
+        partial = torch.empty((chunks, m.count, n), dtype=torch.float32, device=c.t.device)
+        out = _Mat(partial, (m.inner * n, n), (0, 1))
+        out_strides = (m.count * n, *out.rows, 1)
+    (_SKINNY if skinny else _TILED)(
+        lambda meta: (triton.cdiv(m.count, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), chunks),
+        a.t, b.t, out.t, *bias_args,
+        m.count, n, m.inner, k.count // k.inner, k.inner, _K_CHUNK if chunks > 1 else k.inner,
         *a.rows, *a.cols,
         *b.rows, b.cols[1],
-        *c.rows, c.cols[1],
+        *out_strides,
         0 if bias is None else bias.stride(0),
         *z_args,
-        M_SPLIT=m.inner != m.count, HAS_BIAS=bias is not None, A_SILU=a_silu, SILU_GRAD=z is not None,
-        INTERPRETED=INTERPRET,
+        A_SILU=a_silu, **(epilogue if chunks == 1 else {**epilogue, "HAS_BIAS": False, "SILU_GRAD": False}),
     )
+    if chunks > 1:
+        _chunk_sum_kernel[(triton.cdiv(m.count, _SKINNY_ROWS), triton.cdiv(n, _CHUNK_SUM_N))](
+            partial, c.t, *bias_args, m.count, n, m.inner, chunks, *c.rows, c.cols[1],
+            0 if bias is None else bias.stride(0), *z_args, **epilogue, BLOCK_M=_SKINNY_ROWS, BLOCK_N=_CHUNK_SUM_N,
+        )
 
 
 class _Linear(torch.autograd.Function):

@@ -108,6 +108,42 @@ def test_silu_linear(T, E, N, has_bias, dtype):
     check(silu_linear, torch_silu_linear, [temb, weight, bias], dy, names)
 
 
+class _CountingLaunches:
+    """The chunk-sum kernel's stand-in: counts its launches."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_split_k(dtype, monkeypatch):
+    """Skinny products with a long K (the AdaLN input gradient: K is silu_linear's N; linear's bias gradient: K is
+    the rows) are split K: accurate, and the split gradient has the same bits under every skinny tiling, since the
+    chunks follow K alone."""
+    counting = _CountingLaunches(gemm._chunk_sum_kernel)
+    monkeypatch.setattr(gemm, "_chunk_sum_kernel", counting)
+    n = 2 * gemm._K_CHUNK + 70
+    temb, weight, bias = carved((3, 40), torch.float32, 1), carved((n, 40), dtype, 2), carved((n,), dtype, 3)
+    dy = carved((3, n), dtype, 4)
+    check(silu_linear, torch_silu_linear, [temb, weight, bias], dy, ["y", "dtemb", "dweight", "dbias"])
+    assert counting.launches == 1, "the input gradient did not take the split-K path"
+    rows = 2 * gemm._K_CHUNK + 30
+    x, w, b = carved((rows, 24), dtype, 5), carved((20, 24), dtype, 6), carved((20,), dtype, 7)
+    check(linear, F.linear, [x, w, b], carved((rows, 20), dtype, 8), ["y", "dx", "dweight", "dbias"])
+    assert counting.launches == 2, "the bias gradient did not take the split-K path"
+    tilings = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]): c for c in gemm._SKINNY.tilings[dtype.itemsize]}
+    dtembs = []
+    for config in tilings.values():
+        with gemm._SKINNY.forcing(config):
+            dtembs.append(run(silu_linear, [temb, weight, bias], dy)[1])
+    assert len(dtembs) >= 2
+    assert all(torch.equal(dtembs[0], other) for other in dtembs[1:])
+
+
 @pytest.mark.parametrize(
     "fn,shapes",
     [(linear, [(2, 65, 96), (200, 96), (200,)]), (silu_linear, [(3, 80), (200, 80), (200,)])],
