@@ -13,7 +13,7 @@ import argparse
 import torch
 
 from h3gate import provider_ops
-from h3gate.bench import SDPA_VARIANTS, SHAPES, _forward_backward, _sdpa, cases
+from h3gate.bench import OUTPUT_GRADS, SDPA_VARIANTS, SHAPES, _forward_backward, _sdpa, cases
 from h3gate.candidates import load
 
 
@@ -41,6 +41,8 @@ def main():
     parser.add_argument("--shape", choices=tuple(SHAPES), default="release")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--case", type=int, default=0, help="which of the op's shapes (linear has four; default 0)")
+    parser.add_argument("--output-grad", choices=OUTPUT_GRADS, default="random",
+                        help="with --backward: the gradient it starts from, as h3gate bench's (default: random)")
     args = parser.parse_args()
     if args.op not in provider_ops.OPS:
         parser.error(f"unknown op {args.op!r}; choose one of {', '.join(provider_ops.OPS)}")
@@ -53,7 +55,7 @@ def main():
     fn = provider_ops.OPS[args.op] if args.provider else load(args.candidate).kernel_ops()[args.op]
     inputs = case.make()
     if args.backward:
-        step = _forward_backward(fn, inputs)
+        step = _forward_backward(fn, inputs, args.output_grad)
     else:
         def step():
             with torch.no_grad():

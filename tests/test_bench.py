@@ -1,5 +1,9 @@
 """h3gate bench: every section runs and reports ratios; the release path builds on the meta device."""
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -42,3 +46,12 @@ def test_output_gradients_are_seeded_and_named():
     assert report["output_grad"] == "ones"
     with pytest.raises(ValueError, match="'zeros' is not one of"):
         bench.run(ProviderCandidate(), "small", "cpu", ops=["swiglu"], block=False, grad_kind="zeros")
+
+
+def test_profile_script_runs_its_small_path():
+    """benchmarks/profile_op.py is what Nsight Compute runs on the GPU machine: its CPU path is the same code."""
+    script = Path(__file__).parents[1] / "benchmarks" / "profile_op.py"
+    done = subprocess.run([sys.executable, str(script), "silu_linear", "--backward", "--provider", "--output-grad",
+                           "ones", "--shape", "small", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "profiled silu_linear adaln 3x128->4608, provider, forward+backward" in done.stdout
