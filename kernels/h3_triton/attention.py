@@ -38,12 +38,10 @@ _INTERPRET_TILE = 128
 
 def _launcher(kernel, names: tuple[str, ...], rows: dict[int, tuple[tuple[int, ...], ...]]) -> Launcher:
     """Tuned on (S, D, and for the forward whether it reads through tensor descriptors) over ``rows``: per element
-    size, the values of ``names`` (tile sizes, then any switch such as WARP_SPECIALIZE, off under the interpreter)
-    then num_warps, num_stages."""
+    size, tile sizes for ``names`` then num_warps, num_stages."""
     tilings = {size: configs(size_rows, names) for size, size_rows in rows.items()}
     key = ["S", "HEAD_DIM"] + [name for name in ("DESCRIBED",) if name in kernel.arg_names]
-    interpreter = {name: _INTERPRET_TILE if name.startswith("BLOCK_") else 0 for name in names}
-    return Launcher(kernel, tilings, key=key, interpreter=interpreter)
+    return Launcher(kernel, tilings, key=key, interpreter=dict.fromkeys(names, _INTERPRET_TILE))
 
 
 # (tiles..., num_warps, num_stages) per element size, the tiling of H3_TRITON_AUTOTUNE=0 first. The forward's
@@ -55,10 +53,9 @@ def _launcher(kernel, names: tuple[str, ...], rows: dict[int, tuple[tuple[int, .
 # one tiling each that fits (the bf16 ones do not) and compiles in under a minute, since float32 is a
 # correctness path, not a speed path.
 _FWD_ROWS = {
-    2: ((128, 128, 0, 8, 3), (128, 128, 0, 8, 2), (128, 128, 0, 4, 3),
-        (128, 64, 0, 4, 3), (128, 64, 0, 8, 3), (128, 64, 0, 4, 4), (128, 64, 0, 8, 4),
-        (128, 128, 1, 4, 2), (128, 128, 1, 4, 3), (128, 64, 1, 4, 3), (128, 128, 1, 8, 2)),
-    4: ((64, 32, 0, 4, 2),),
+    2: ((128, 128, 8, 3), (128, 128, 8, 2), (128, 128, 4, 3),
+        (128, 64, 4, 3), (128, 64, 8, 3), (128, 64, 4, 4), (128, 64, 8, 4)),
+    4: ((64, 32, 4, 2),),
 }
 _DELTA_ROWS = {2: ((128, 4, 1), (64, 4, 1)), 4: ((64, 4, 1),)}
 _DKDV_ROWS = {
@@ -139,17 +136,15 @@ def _key_value_tile(k_ptr, v_ptr, stride_k, stride_v, offs_n, offs_d, S, MASK_KE
 @device_function
 def _fwd_inner(acc, m_i, l_i, q, k_src, v_src, stride_kn, stride_vn, start, stop, S, qk_scale,
                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
-               MASK_KEYS: tl.constexpr, DESCRIBED: tl.constexpr, UPCAST: tl.constexpr,
-               WARP_SPECIALIZE: tl.constexpr):
+               MASK_KEYS: tl.constexpr, DESCRIBED: tl.constexpr, UPCAST: tl.constexpr):
     """Online softmax over key tiles [start, stop); only the last partial tile is called with MASK_KEYS.
 
     ``DESCRIBED``: ``k_src`` and ``v_src`` are tensor descriptors, whose loads fill keys past S with zeros as
-    the masked pointer loads do; otherwise they are pointers. ``WARP_SPECIALIZE``: Triton splits the loop into
-    a loading warp and computing warp groups (Hopper), the same arithmetic in the same order.
+    the masked pointer loads do; otherwise they are pointers.
     """
     offs_n0 = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
-    for start_n in tl.range(start, stop, BLOCK_N, warp_specialize=WARP_SPECIALIZE):
+    for start_n in range(start, stop, BLOCK_N):
         offs_n = start_n + offs_n0
         if DESCRIBED:
             k = k_src.load([start_n, 0])
@@ -186,10 +181,9 @@ def _fwd_kernel(Q, K, V, O, ROW_MAX, ROW_LOG_SUM,
                 stride_ob, stride_os, stride_oh,
                 H, S, qk_scale,
                 HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, DESCRIBED: tl.constexpr,
-                UPCAST: tl.constexpr, WARP_SPECIALIZE: tl.constexpr):
+                UPCAST: tl.constexpr):
     """One query block of one (batch, head). ``DESCRIBED``: q, k, v and o are read and written through tensor
-    descriptors (TMA), which the caller has checked their layouts allow; same values, same arithmetic.
-    ``WARP_SPECIALIZE`` (a tiling's choice) applies to the descriptor path's full key tiles."""
+    descriptors (TMA), which the caller has checked their layouts allow; same values, same arithmetic."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     q_ptr = Q + _heads_base(pid_bh, H, stride_qb, stride_qh)
@@ -214,9 +208,9 @@ def _fwd_kernel(Q, K, V, O, ROW_MAX, ROW_LOG_SUM,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     full_stop = (S // BLOCK_N) * BLOCK_N
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs, 0, full_stop, S, qk_scale,
-                               BLOCK_M, BLOCK_N, HEAD_DIM, False, DESCRIBED, UPCAST, WARP_SPECIALIZE and DESCRIBED)
+                               BLOCK_M, BLOCK_N, HEAD_DIM, False, DESCRIBED, UPCAST)
     acc, m_i, l_i = _fwd_inner(acc, m_i, l_i, q, k_src, v_src, stride_ks, stride_vs, full_stop, S, S, qk_scale,
-                               BLOCK_M, BLOCK_N, HEAD_DIM, True, DESCRIBED, UPCAST, False)
+                               BLOCK_M, BLOCK_N, HEAD_DIM, True, DESCRIBED, UPCAST)
 
     out = to_dtype(acc / l_i[:, None], O.dtype.element_ty, UPCAST)
     if DESCRIBED:
@@ -448,7 +442,7 @@ def _dq_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DQ,
              to_dtype(dq * sm_scale, DQ.dtype.element_ty, UPCAST), mask=rows)
 
 
-_fwd = _launcher(_fwd_kernel, ("BLOCK_M", "BLOCK_N", "WARP_SPECIALIZE"), _FWD_ROWS)
+_fwd = _launcher(_fwd_kernel, ("BLOCK_M", "BLOCK_N"), _FWD_ROWS)
 _delta = _launcher(_delta_kernel, ("BLOCK_M",), _DELTA_ROWS)
 _dkdv = _launcher(_dkdv_kernel, ("BLOCK_M", "BLOCK_N"), _DKDV_ROWS)
 _dkdv_described = _launcher(_dkdv_described_kernel, ("BLOCK_M", "BLOCK_N"), _DKDV_DESCRIBED_ROWS)

@@ -4,8 +4,8 @@ Each config of each tuned launcher is forced in turn and the op that launches it
 gate's own rule (error against float64 vs torch's, bitwise repeatability, NaN padding) at the op's explicit
 example shape, which is ragged against every tile size; the test also asserts that the forced launcher ran.
 Where the first example does not reach a launcher, the test names another (:data:`DIMS`). On a GPU every config
-runs (warps, stages and warp specialisation change the generated code); under the interpreter only the tile sizes
-matter, so configs that share them run once.
+runs (warps and stages change the generated code); under the interpreter only the tile sizes matter, so configs
+that share them run once.
 """
 
 import os
@@ -42,8 +42,7 @@ DTYPES = {2: torch.bfloat16, 4: torch.float32}
 
 def _label(config) -> str:
     tiles = "_".join(f"{k.removeprefix('BLOCK_')}{v}" for k, v in config.kwargs.items() if k.startswith("BLOCK_"))
-    specialized = "_ws" if config.kwargs.get("WARP_SPECIALIZE") else ""
-    return f"{tiles}{specialized}_w{config.num_warps}_s{config.num_stages}"
+    return f"{tiles}_w{config.num_warps}_s{config.num_stages}"
 
 
 def _cases():
@@ -52,7 +51,7 @@ def _cases():
             for size, configs in launcher.tilings.items():
                 seen = set()
                 for config in configs:
-                    tiles = tuple(sorted((k, v) for k, v in config.kwargs.items() if k.startswith("BLOCK_")))
+                    tiles = tuple(sorted(config.kwargs.items()))
                     if INTERPRET and tiles in seen:
                         continue
                     seen.add(tiles)
@@ -73,8 +72,7 @@ def test_forcing_reaches_the_launch(monkeypatch):
         attention, "_grid", lambda B, H, S, block: lambda meta: launched.append(meta[block]) or grid(B, H, S, block)(meta)
     )
     q = torch.randn(1, 40, 1, 32, device=DEVICE)
-    tiling = triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "WARP_SPECIALIZE": 0}, num_warps=4, num_stages=1)
-    with attention._fwd.forcing(tiling):
+    with attention._fwd.forcing(triton.Config({"BLOCK_M": 16, "BLOCK_N": 16}, num_warps=4, num_stages=1)):
         out = attention.attention(q, q, q)
     assert launched == [16]
     expected = torch.nn.functional.scaled_dot_product_attention(*(q.transpose(1, 2),) * 3).transpose(1, 2)
