@@ -169,6 +169,42 @@ def _chunk_sum_kernel(
                  z_ptr, s_z_mo, s_z_mi, s_z_n, M_SPLIT, HAS_BIAS, SILU_GRAD, INTERPRETED)
 
 
+@triton.jit
+def _outer_kernel(
+    a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+    M, N, M_INNER, K, K_INNER,
+    s_a_mo, s_a_mi, s_a_ko, s_a_ki,
+    s_b_ko, s_b_ki, s_b_n,
+    s_c_mo, s_c_mi, s_c_n,
+    s_bias,
+    s_z_mo, s_z_mi, s_z_n,
+    M_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, A_SILU: tl.constexpr, SILU_GRAD: tl.constexpr,
+    INTERPRETED: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One (BLOCK_M, BLOCK_N) tile of C = act(A) @ B for a short K (at most _SKINNY_ROWS): a sum of K outer
+    products, one fused multiply-add per element and index of K, in index order, whatever the tiling. K's
+    indices are rows ``K // K_INNER`` blocks of ``K_INNER`` (a weight gradient's reduction over few rows)."""
+    num_n = tl.cdiv(N, BLOCK_N)
+    rm = (tl.program_id(0) // num_n) * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = (tl.program_id(0) % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    in_m = rm < M
+    in_n = rn < N
+    a_rows = a_ptr + _row_offsets(rm, M_INNER, s_a_mo, s_a_mi, M_SPLIT)
+    b_cols = b_ptr + rn.to(tl.int64) * s_b_n
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(0, K):
+        k_offset = (k // K_INNER).to(tl.int64)
+        a = tl.load(a_rows + k_offset * s_a_ko + (k % K_INNER) * s_a_ki, mask=in_m, other=0.0)
+        b = tl.load(b_cols + k_offset * s_b_ko + (k % K_INNER) * s_b_ki, mask=in_n, other=0.0)
+        if A_SILU:
+            a = a.to(tl.float32)
+            a = to_dtype(a * tl.sigmoid(a), b.dtype, INTERPRETED)
+        acc += a.to(tl.float32)[:, None] * b.to(tl.float32)[None, :]
+    _finish_tile(acc, rm, rn, M, N, M_INNER, c_ptr, s_c_mo, s_c_mi, s_c_n, bias_ptr, s_bias,
+                 z_ptr, s_z_mo, s_z_mi, s_z_n, M_SPLIT, HAS_BIAS, SILU_GRAD, INTERPRETED)
+
+
 @device_function
 def _operand_descriptor(ptr, MN, K, stride, TRANSPOSED: tl.constexpr, BLOCK_MN: tl.constexpr, BLOCK_K: tl.constexpr):
     """A tensor descriptor of an (MN, K) operand stored (MN, K), or (K, MN) when ``TRANSPOSED``, with row stride
@@ -220,7 +256,8 @@ def _tma_gemm_kernel(
 
 def _launcher(bf16_rows: list[tuple[int, int, int, int]], fp32_rows: list[tuple[int, int, int, int]],
               interpreter_block_m: int) -> Launcher:
-    """Tuned on the GEMM's sizes over rows of (BLOCK_M, BLOCK_N, num_warps, num_stages) per dtype, preferred first.
+    """Tuned on the GEMM's sizes over rows of (BLOCK_M, BLOCK_N, num_warps, num_stages) per dtype of B (A is
+    float32 under ``silu_linear``'s SiLU, B has the product's dtype), preferred first.
 
     BLOCK_K is 64 in every config, so the reduction order along K, and thus the result bits, do not depend on
     which config the tuner picks. float32 tiles take twice the shared memory per element, so they get their own
@@ -234,6 +271,7 @@ def _launcher(bf16_rows: list[tuple[int, int, int, int]], fp32_rows: list[tuple[
         {2: configs(bf16_rows, ("BLOCK_M", "BLOCK_N"), **fixed), 4: configs(fp32_rows, ("BLOCK_M", "BLOCK_N"), **fixed)},
         key=["M", "N", "K_OUTER", "K_INNER", "K_CHUNK"],
         interpreter={"BLOCK_M": interpreter_block_m, "BLOCK_N": 128, **fixed},
+        sized_by="b_ptr",
     )
 
 
@@ -256,6 +294,17 @@ _SKINNY = _launcher(
     [(16, 64, 4, 3), (16, 64, 4, 5), (16, 128, 4, 3), (16, 128, 4, 5), (16, 256, 4, 3), (16, 256, 8, 4)],
     [(16, 64, 4, 3), (16, 128, 4, 3)],
     interpreter_block_m=_SKINNY_ROWS,
+)
+
+# Products whose K is at most _SKINNY_ROWS (a weight gradient over few rows: the AdaLN's is 2,688 x 96,768 over 3
+# rows at release) write far more than they read: K outer products summed in registers, no padding of K to a
+# 64-deep MMA step, C written in tiles as wide as its contiguous axis allows.
+_OUTER = Launcher(
+    _outer_kernel,
+    {size: configs([(64, 256, 4, 1), (128, 128, 4, 1), (64, 128, 4, 1)], ("BLOCK_M", "BLOCK_N")) for size in (2, 4)},
+    key=["M", "N", "K", "K_INNER", "s_c_mi", "s_c_n"],
+    interpreter={"BLOCK_M": 128, "BLOCK_N": 128},
+    sized_by="b_ptr",
 )
 
 
@@ -353,12 +402,22 @@ def _matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, *, bias: torc
         return
     if z is None and not a_silu and _described_matmul(a, b, c, m, n, k, bias):
         return
-    skinny = m.count <= _SKINNY_ROWS
-    chunks = triton.cdiv(k.count, _K_CHUNK) if skinny and k.inner == k.count and k.count > 2 * _K_CHUNK else 1
     z_args = (*z.rows, z.cols[1]) if z is not None else (0, 0, 0)
     bias_args = (c.t if bias is None else bias, c.t if z is None else z.t)
     epilogue = dict(M_SPLIT=m.inner != m.count, HAS_BIAS=bias is not None, SILU_GRAD=z is not None,
                     INTERPRETED=INTERPRET)
+    if k.count <= _SKINNY_ROWS:
+        _OUTER(
+            lambda meta: (triton.cdiv(m.count, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),),
+            a.t, b.t, c.t, *bias_args,
+            m.count, n, m.inner, k.count, k.inner,
+            *a.rows, *a.cols, *b.rows, b.cols[1], *c.rows, c.cols[1],
+            0 if bias is None else bias.stride(0), *z_args,
+            A_SILU=a_silu, **epilogue,
+        )
+        return
+    skinny = m.count <= _SKINNY_ROWS
+    chunks = triton.cdiv(k.count, _K_CHUNK) if skinny and k.inner == k.count and k.count > 2 * _K_CHUNK else 1
     out, out_strides = c, (0, *c.rows, c.cols[1])
     if chunks > 1:
         partial = torch.empty((chunks, m.count, n), dtype=torch.float32, device=c.t.device)

@@ -122,19 +122,21 @@ def _valid(entry) -> bool:
 class Launcher:
     """Launches ``kernel[grid](*args, **meta)`` with a tiling from ``tilings``.
 
-    ``tilings`` maps the element size of the kernel's first tensor argument (2: bfloat16, 4: float32) to its
-    candidate configs, the preferred first; ``key`` names the arguments the autotuner keys on (Triton adds the
-    dtypes).
+    ``tilings`` maps the element size of the kernel's argument ``sized_by`` (default: its first; 2: bfloat16, 4:
+    float32) to its candidate configs, the preferred first; ``key`` names the arguments the autotuner keys on
+    (Triton adds the dtypes).
     Under the interpreter the tiling is ``interpreter`` (the interpreter's cost is per program and per step, not
     per element, so it gets few large tiles).
     """
 
-    def __init__(self, kernel, tilings: dict[int, list[triton.Config]], key: list[str], interpreter: dict):
+    def __init__(self, kernel, tilings: dict[int, list[triton.Config]], key: list[str], interpreter: dict,
+                 sized_by: str | None = None):
         self.kernel = kernel
         self.tilings = tilings
         self.interpreter = interpreter
         self._forced: triton.Config | None = None
-        self._first_arg = kernel.arg_names[0]
+        self._sized_by = sized_by or kernel.arg_names[0]
+        self._sized_index = kernel.arg_names.index(self._sized_by)
         self._tuned = None
         self._store: TuningStore | None = None
         if not INTERPRET:
@@ -142,7 +144,7 @@ class Launcher:
                 configs=[c for configs in tilings.values() for c in configs],
                 key=key,
                 prune_configs_by={
-                    "early_config_prune": lambda configs, named_args, **_: self._suiting(named_args[self._first_arg])
+                    "early_config_prune": lambda configs, named_args, **_: self._suiting(named_args[self._sized_by])
                 },
             )(kernel)
         LAUNCHERS.append(self)
@@ -168,7 +170,7 @@ class Launcher:
         if INTERPRET:
             return self.kernel[grid](*args, **meta, **self.interpreter)
         if not AUTOTUNE:
-            return self.kernel[grid](*args, **meta, **self._suiting(args[0])[0].all_kwargs())
+            return self.kernel[grid](*args, **meta, **self._suiting(args[self._sized_index])[0].all_kwargs())
         return self._tuned_launch(grid, args, meta)
 
     def _tuned_launch(self, grid, args, meta):

@@ -144,6 +144,25 @@ def test_split_k(dtype, monkeypatch):
     assert all(torch.equal(dtembs[0], other) for other in dtembs[1:])
 
 
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_short_reductions_are_outer_products(dtype, monkeypatch):
+    """Weight and bias gradients over at most 16 rows (the AdaLN's three) sum outer products, one per row in row
+    order: accurate, and the same bits under every tiling of that kernel."""
+    counting = _CountingLaunches(gemm._OUTER.kernel)
+    monkeypatch.setattr(gemm._OUTER, "kernel", counting)
+    x, w, b = carved((2, 3, 72), dtype, 1, pad=(0, 1, 2)), carved((200, 72), dtype, 2), carved((200,), dtype, 3)
+    dy = carved((2, 3, 200), dtype, 4)
+    check(linear, F.linear, [x, w, b], dy, ["y", "dx", "dweight", "dbias"])
+    assert counting.launches == 2, "the weight and bias gradients did not take the outer-product kernel"
+    temb = carved((3, 72), torch.float32, 5)
+    grads = []
+    for config in gemm._OUTER.tilings[dtype.itemsize]:
+        with gemm._OUTER.forcing(config):
+            grads.append([run(linear, [x, w, b], dy)[2:], run(silu_linear, [temb, w, b], dy[0])[2:]])
+    flat = [[t for pair in g for t in pair] for g in grads]
+    assert len(flat) >= 2 and all(all(map(torch.equal, flat[0], other)) for other in flat[1:])
+
+
 @pytest.mark.parametrize(
     "fn,shapes",
     [(linear, [(2, 65, 96), (200, 96), (200,)]), (silu_linear, [(3, 80), (200, 80), (200,)])],

@@ -25,14 +25,17 @@ from h3gate.gates.kernel import OP_SPECS, evaluate
 DEVICE = "cpu" if INTERPRET else "cuda"
 USERS = {
     "attention": (attention._fwd, attention._delta, attention._dkdv, attention._dkdv_described, attention._dq),
-    "linear": (gemm._TILED, gemm._DESCRIBED, gemm._SKINNY),
-    "silu_linear": (gemm._TILED, gemm._SKINNY),
+    "linear": (gemm._TILED, gemm._DESCRIBED, gemm._SKINNY, gemm._OUTER),
+    "silu_linear": (gemm._TILED, gemm._SKINNY, gemm._OUTER),
 }
 # Where an op's first example does not reach a launcher: 190 bfloat16 values are 380 bytes, not a multiple of
-# 16, so x and the weight take the pointer kernel; the skinny one computes linear's bias gradient.
+# 16, so x and the weight take the pointer kernel; the skinny one computes linear's bias gradient; the outer one
+# the weight and bias gradients over at most 16 rows; silu_linear's weight gradient over more rows is tiled.
 DIMS = {
     ("linear", gemm._TILED): {**OP_SPECS["linear"].examples[0], "k": 190},
     ("linear", gemm._SKINNY): OP_SPECS["linear"].examples[1],
+    ("linear", gemm._OUTER): {**OP_SPECS["linear"].examples[1], "rows": 5},
+    ("silu_linear", gemm._TILED): {**OP_SPECS["silu_linear"].examples[0], "t": 40},
 }
 # Launchers that bfloat16 inputs reach only when tensor descriptors cannot read them (heads off 16-byte
 # boundaries); the examples are contiguous, so their sweep refuses descriptors as such a layout would.
