@@ -1,4 +1,4 @@
-"""Checks the fused-kernel tests share: the error rule against float64, NaN-padded views, row tables."""
+"""Checks the fused-kernel tests share: the error rule against float64, NaN-padded views, row tables, launch counts."""
 
 import torch
 
@@ -33,3 +33,15 @@ def table_index(mode, seq_len, generator, table_rows, runs):
 def strided_index(idx, table_rows):
     """``idx`` as every other element of a buffer whose other elements name wrong (but valid) table rows."""
     return torch.stack([idx, (idx + 1) % table_rows], dim=1).flatten()[::2]
+
+
+class CountingLaunches:
+    """A jit kernel's stand-in that counts its launches (``kernel[grid](...)``), so a test can tell which path ran."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+        self.launches = 0
+
+    def __getitem__(self, grid):
+        self.launches += 1
+        return self.kernel[grid]

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from h3_triton import gemm
 from h3_triton.interpret import INTERPRET
 from h3_triton.gemm import linear, silu_linear
+from kernel_checks import CountingLaunches
 from sm90 import compile_for_h200
 
 
@@ -108,23 +109,12 @@ def test_silu_linear(T, E, N, has_bias, dtype):
     check(silu_linear, torch_silu_linear, [temb, weight, bias], dy, names)
 
 
-class _CountingLaunches:
-    """The chunk-sum kernel's stand-in: counts its launches."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
-
-
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_split_k(dtype, monkeypatch):
     """Skinny products with a long K (the AdaLN input gradient: K is silu_linear's N; linear's bias gradient: K is
     the rows) are split K: accurate, and the split gradient has the same bits under every skinny tiling, since the
     chunks follow K alone."""
-    counting = _CountingLaunches(gemm._chunk_sum_kernel)
+    counting = CountingLaunches(gemm._chunk_sum_kernel)
     monkeypatch.setattr(gemm, "_chunk_sum_kernel", counting)
     n = 2 * gemm._K_CHUNK + 70
     temb, weight, bias = carved((3, 40), torch.float32, 1), carved((n, 40), dtype, 2), carved((n,), dtype, 3)
@@ -148,7 +138,7 @@ def test_split_k(dtype, monkeypatch):
 def test_short_reductions_are_outer_products(dtype, monkeypatch):
     """Weight and bias gradients over at most 16 rows (the AdaLN's three) sum outer products, one per row in row
     order: accurate, and the same bits under every tiling of that kernel."""
-    counting = _CountingLaunches(gemm._OUTER.kernel)
+    counting = CountingLaunches(gemm._OUTER.kernel)
     monkeypatch.setattr(gemm._OUTER, "kernel", counting)
     x, w, b = carved((2, 3, 72), dtype, 1, pad=(0, 1, 2)), carved((200, 72), dtype, 2), carved((200,), dtype, 3)
     dy = carved((2, 3, 200), dtype, 4)

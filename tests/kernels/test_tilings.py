@@ -21,6 +21,7 @@ from h3_triton.backend import KERNEL_OPS
 from h3_triton.interpret import INTERPRET
 from h3_triton.tuning import LAUNCHERS
 from h3gate.gates.kernel import OP_SPECS, evaluate
+from kernel_checks import CountingLaunches
 
 DEVICE = "cpu" if INTERPRET else "cuda"
 USERS = {
@@ -82,22 +83,10 @@ def test_forcing_reaches_the_launch(monkeypatch):
     torch.testing.assert_close(out, expected)
 
 
-class _Counting:
-    """A jit function's stand-in that counts its launches."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-        self.launches = 0
-
-    def __getitem__(self, grid):
-        self.launches += 1
-        return self.kernel[grid]
-
-
 @pytest.mark.parametrize("op, launcher, dtype, config", list(_cases()))
 def test_tiling(op, launcher, dtype, config, monkeypatch):
     spec = OP_SPECS[op]
-    name, counting = launcher.name, _Counting(launcher.kernel)
+    name, counting = launcher.name, CountingLaunches(launcher.kernel)
     monkeypatch.setattr(launcher, "kernel", counting)
     dims = DIMS.get((op, launcher), spec.examples[0])
     if launcher in POINTER_PATHS:
