@@ -150,8 +150,8 @@ def test_one_process_runs_cheap_gates_first_and_xdist_workers_the_expensive_ones
     over_workers = _gate_order(under_xdist=True)
     assert sorted(over_workers) == sorted(gates.kinds())
     assert over_workers[0] == "model", "the generation gate waits for the model gate's verdict: it leads"
-    assert over_workers.index("power") < over_workers.index("generation") < over_workers.index("block") \
-        < over_workers.index("kernel")
+    assert over_workers.index("power") < over_workers.index("block") < over_workers.index("generation") \
+        < over_workers.index("kernel"), "a gate that waits for a verdict never starts a worker's first run of items"
 
 
 @pytest.mark.parametrize("device, env, threads", [("cpu", None, 1), ("cpu", "2", None), ("cuda", None, None)])

@@ -114,6 +114,11 @@ def required() -> set[str]:
     return {gate.requires for gate in REGISTRY.values() if gate.requires}
 
 
+def waiting() -> set[str]:
+    """The gates that wait for another gate's verdict before they run."""
+    return {gate.name for gate in REGISTRY.values() if gate.requires}
+
+
 class _NoBar:
     def step(self, phase: str) -> None:
         pass
