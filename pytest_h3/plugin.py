@@ -206,7 +206,7 @@ def _gate_order(under_xdist: bool) -> list[str]:
     (longest-processing-time-first scheduling); the gates others wait for (the model gate, which the generation
     gate requires) lead, and a gate that waits comes after the next one that does not: xdist hands each worker its
     first items in runs of this order, and a worker whose first item waits idles until the verdict (in `make gate`
-    the generation gate's first seed waited 25 s of the tiny session's 230 for the model gate)."""
+    the generation gate's first seed waited 24 s of the tiny session's 230 for the model gate)."""
     kinds = list(registry.kinds())
     if not under_xdist:
         return kinds
