@@ -13,7 +13,8 @@ from safetensors import safe_open
 
 from conftest import THRESHOLDS
 from h3gate import status
-from h3gate.checkpoint import CheckpointError, load_checkpoint, load_components, make
+from h3gate.checkpoint import CheckpointError, load_checkpoint, load_components
+from h3gate.checkpoint_writer import make
 from h3gate.cli import main
 from h3gate.pipeline_components import build_components
 

@@ -1,5 +1,5 @@
-"""Checkpoint folders in the published MiniMax-H3 layout: written from the embedded presets, read back through
-diffusers' and transformers' own loaders, and refused with one line naming the file when they cannot serve a gate.
+"""Checkpoint folders in the published MiniMax-H3 layout: read through diffusers' and transformers' own loaders, and
+refused with one line naming the file when they cannot serve a gate (:mod:`h3gate.checkpoint_writer` writes them).
 
 The layout, and where each fact comes from (diffusers 0.42.1, transformers 5.24):
 
@@ -38,9 +38,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import tempfile
-from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -50,9 +47,9 @@ from safetensors import SafetensorError, safe_open
 from transformers import PreTrainedModel
 
 from h3gate import status
-from h3gate.files import file_digest, write_json
-from h3gate.model import Model, ModelError, build_preset, model_identity, plain_config
-from h3gate.pipeline_components import COMPONENT_CONFIGS, ImageOnlyQwen3VLProcessor, build_components
+from h3gate.files import file_digest
+from h3gate.model import Model, ModelError, model_identity, plain_config
+from h3gate.pipeline_components import ImageOnlyQwen3VLProcessor
 
 INDEX = "model_index.json"
 MODULAR_INDEX = "modular_model_index.json"
@@ -88,73 +85,6 @@ def needed_by(name: str) -> str:
     if name == "transformer_ref":
         return "only the ref2va workflow needs it, which no gate runs"
     return "the generation gate needs it; the model and block gates need only the transformer"
-
-
-def _library(cls: type) -> str:
-    return cls.__module__.split(".")[0]
-
-
-# Writing -----------------------------------------------------------------------------------------------
-
-
-def make(preset: str, folder: str | os.PathLike, components: Sequence[str] | None = None, seed: int = 0) -> Path:
-    """Write the checkpoint folder of an embedded preset (all components, or ``components``) at ``folder``, which
-    must not exist. Built in a hidden sibling folder and renamed into place, so no half-written checkpoint is left.
-
-    The transformer carries the preset's weights of ``seed`` (its identity digest is the preset's), the ref2va
-    partition those of ``seed + 1``, the other components :func:`h3gate.pipeline_components.build_components`' of
-    ``seed``."""
-    classes = component_classes()
-    names = list(classes) if components is None else list(components)
-    unknown = sorted(set(names) - set(classes))
-    if unknown or not names:
-        raise CheckpointError(f"unknown components {unknown or names}: choose among {', '.join(classes)}")
-    if preset not in COMPONENT_CONFIGS:
-        raise CheckpointError(f"unknown preset {preset!r}: choose one of {', '.join(COMPONENT_CONFIGS)}")
-    folder = Path(folder)
-    if folder.exists():
-        raise CheckpointError(f"{folder}: exists; a checkpoint is written into a new folder")
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    partial = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".partial"))
-    try:
-        built = build_components(preset, seed) if set(names) - set(TRANSFORMERS) else dict(COMPONENT_CONFIGS[preset]["pipeline"])
-        for offset, name in enumerate(TRANSFORMERS):
-            if name in names:
-                built[name] = build_preset(preset, seed + offset).transformer
-        for name in set(names) & set(SAVED_DTYPES) - set(TRANSFORMERS):
-            if built[name].dtype != SAVED_DTYPES[name]:
-                built[name] = built[name].to(SAVED_DTYPES[name])
-        canvas = {key: value for key, value in built.items() if key not in classes}
-        pipe = MiniMaxH3Blocks().init_pipeline()
-        pipe.update_components(**{name: built[name] for name in names})
-        pipe.register_to_config(**canvas)
-        pipe.save_pretrained(str(partial), overwrite_modular_index=True)
-        _point_at_published(partial / MODULAR_INDEX)
-        write_json(partial / INDEX, {
-            "_class_name": PIPELINE_CLASS,
-            "_diffusers_version": pipe.config["_diffusers_version"],
-            **{name: [_library(classes[name]), classes[name].__name__] for name in names},
-            **canvas,
-        })
-        os.replace(partial, folder)
-    except BaseException:
-        shutil.rmtree(partial, ignore_errors=True)
-        raise
-    return folder
-
-
-def _point_at_published(path: Path) -> None:
-    """Each saved component's loading spec names the published repository, as in a local copy of it: diffusers loads
-    from the folder the components whose files it holds (``_is_local_component``, modular_pipeline.py), and a
-    folder that is moved or renamed stays valid."""
-    index = json.loads(path.read_text())
-    for value in index.values():
-        if isinstance(value, list) and len(value) == 3 and isinstance(value[2], dict) and value[2].get("subfolder"):
-            value[2]["pretrained_model_name_or_path"] = PUBLISHED_REPOSITORY
-    write_json(path, index)
-
-
-# Reading -----------------------------------------------------------------------------------------------
 
 
 def read_index(root: Path) -> dict | None:

@@ -95,11 +95,12 @@ STATUS_CODES = """exit codes:
 
 
 def _checkpoint_make(args) -> int:
-    from h3gate.checkpoint import CheckpointError, make
+    from h3gate.checkpoint import CheckpointError
+    from h3gate.checkpoint_writer import make
 
     components = args.components.split(",") if args.components else None
     try:
-        folder = make(args.preset, args.folder, components, args.seed)
+        folder = make(args.preset, args.folder, components, args.seed, args.max_shard_size, progress=sys.stderr)
     except CheckpointError as error:
         return _refuse("checkpoint make", 2, str(error))
     print(f"wrote {folder}: the {args.preset} preset as a MiniMax-H3 checkpoint folder (--h3-model={folder})")
@@ -426,10 +427,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="write an embedded preset as a diffusers MiniMax-H3 pipeline folder (model_index.json and every component)",
     )
     checkpoint_make.add_argument("folder", metavar="DIR", help="the folder to create (it must not exist)")
-    checkpoint_make.add_argument("--preset", required=True, help="the embedded preset to write (tiny, edge, small)")
+    checkpoint_make.add_argument(
+        "--preset", required=True,
+        help="the preset to write: tiny, edge, small (seconds) or release (the published configs with random weights: "
+        "about 190 GB for every component, written a shard at a time; refused up front when the disk lacks room)")
     checkpoint_make.add_argument("--components", default=None,
                                  help="comma-separated components to write (default: all the pipeline declares)")
     checkpoint_make.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    checkpoint_make.add_argument("--max-shard-size", default="5GB",
+                                 help="largest safetensors shard, which is also about the host memory a model's "
+                                 "writing holds (default: 5GB, the Hub's recommended size)")
     checkpoint_make.set_defaults(run=_checkpoint_make)
 
     contracts = commands.add_parser(

@@ -131,26 +131,37 @@ def _parameter_seed(seed: int, name: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}/{name}".encode()).digest()[:8], "little") >> 1
 
 
+def transformer_skeleton(config: dict) -> MiniMaxH3Transformer3DModel:
+    """``config``'s transformer on the meta device (no memory) at checkpoint precision: names, shapes and dtypes."""
+    with torch.device("meta"):
+        transformer = MiniMaxH3Transformer3DModel(**config)
+    _to_checkpoint_precision(transformer)
+    return transformer
+
+
 def _materialised(config: dict, seed: int, device: str) -> MiniMaxH3Transformer3DModel:
     """``config``'s transformer built on the meta device and materialised on ``device`` at checkpoint precision,
     each parameter drawn there in float32 (one at a time) by a generator seeded from ``seed`` and its name, so a
     model of fewer layers holds exactly the leading blocks of a deeper one."""
-    with torch.device("meta"):
-        transformer = MiniMaxH3Transformer3DModel(**config)
-    _to_checkpoint_precision(transformer)
+    transformer = transformer_skeleton(config)
     transformer.to_empty(device=device)
     # rope's inv_freq is a computed buffer, not a parameter: to_empty left it uninitialised.
     transformer.rope = type(transformer.rope)(config["rope_freq_dim"], transformer.config.rope_theta).to(device)
-    generator = torch.Generator(device=device)
     with torch.no_grad():
         for name, param in transformer.named_parameters():
-            generator.manual_seed(_parameter_seed(seed, name))
-            param.copy_(_initial_value(
-                name, param.shape, config["hidden_size"],
-                lambda shape: torch.randn(shape, generator=generator, device=device),
-                lambda shape: torch.rand(shape, generator=generator, device=device),
-            ))
+            param.copy_(drawn_parameter(name, param.shape, config["hidden_size"], seed, device))
     return transformer.eval()
+
+
+def drawn_parameter(name: str, shape: torch.Size, hidden: int, seed: int, device: str) -> torch.Tensor:
+    """Parameter ``name``'s float32 initial value, drawn on ``device`` by a generator seeded from ``seed`` and the name
+    alone: one parameter at a time, in any order, so a release-size transformer is never whole in memory."""
+    generator = torch.Generator(device=device).manual_seed(_parameter_seed(seed, name))
+    return _initial_value(
+        name, shape, hidden,
+        lambda size: torch.randn(size, generator=generator, device=device),
+        lambda size: torch.rand(size, generator=generator, device=device),
+    )
 
 
 def build_release(seed: int = 0, layers: int | None = None, device: str = "cuda") -> Model:
@@ -173,9 +184,10 @@ def build_release(seed: int = 0, layers: int | None = None, device: str = "cuda"
         )
     transformer = _materialised({**RELEASE_CONFIG, "num_layers": layers}, seed, device)
     properties = torch.cuda.get_device_properties(device)
+    init_code = "".join(inspect.getsource(function) for function in (_initial_value, transformer_skeleton, _materialised, drawn_parameter))
     recipe = {
         "seed": seed,
-        "init": hashlib.sha256((inspect.getsource(_initial_value) + inspect.getsource(_materialised)).encode()).hexdigest(),
+        "init": hashlib.sha256(init_code.encode()).hexdigest(),
         "torch": torch.__version__,
         "gpu": properties.name,
         "multiprocessors": properties.multi_processor_count,

@@ -15,6 +15,7 @@ Constraints the configs satisfy:
   ``latents_mean``/``latents_std`` (its decode step crashes on None).
 """
 
+import contextlib
 import hashlib
 import inspect
 
@@ -160,14 +161,21 @@ def _component_seed(seed: int, name: str) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def _seeded(seed: int, name: str, build, device: str = "cpu"):
-    """``build()`` on ``device`` under the component's seed, in a forked RNG so the caller's global streams are left
-    as they were, with every CPU initialiser's draw the same bits on every CPU
-    (:func:`h3gate.seeded.independent_of_machine`)."""
+@contextlib.contextmanager
+def component_rng(seed: int, name: str, device: str = "cpu"):
+    """Inside the body, torch's global generators (the CPU's and ``device``'s) are seeded for component ``name``, in a
+    forked RNG so the caller's global streams are left as they were."""
     device = torch.device(device)
     forked = [device.index or 0] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=forked), seeded.independent_of_machine(), device:
+    with torch.random.fork_rng(devices=forked):
         torch.manual_seed(_component_seed(seed, name))
+        yield
+
+
+def _seeded(seed: int, name: str, build, device: str = "cpu"):
+    """``build()`` on ``device`` under the component's seed (:func:`component_rng`), with every CPU initialiser's draw
+    the same bits on every CPU (:func:`h3gate.seeded.independent_of_machine`)."""
+    with component_rng(seed, name, device), seeded.independent_of_machine(), torch.device(device):
         return build().eval()
 
 
@@ -191,29 +199,19 @@ def _video_vae(config: dict) -> AutoencoderKLMiniMaxH3:
     return vae
 
 
-def build_components(preset: str, seed: int, device: str = "cpu", text_encoder: bool = True) -> dict[str, object]:
-    """Every component ``MiniMaxH3Blocks`` needs except the transformers, keyed as the pipeline names them, plus the
-    pipeline's canvas configs (``update_components`` takes both), for ``make_pipeline``; the models built on
-    ``device`` (the release preset's only on a CUDA device: its text encoder alone is 47 GiB, so
-    ``text_encoder=False`` leaves it out for a caller whose prompt encodings are cached).
-
-    ``image_processor`` and ``video_processor`` are left to the pipeline, which creates them from its own config.
-    """
+def _configs(preset: str) -> dict:
     if preset == RELEASE:
-        if torch.device(device).type != "cuda":
-            raise ValueError(f"the {RELEASE} pipeline's components (about 48 GiB) are built on a CUDA device, not "
-                             f"{device!r}: run with --h3-device=cuda")
-        configs = RELEASE_COMPONENTS
-    elif preset in COMPONENT_CONFIGS:
-        configs = COMPONENT_CONFIGS[preset]
-    else:
-        raise ValueError(f"Unknown preset {preset!r}: choose one of {sorted(COMPONENT_CONFIGS) + [RELEASE]}.")
-    tokenizer = _byte_level_tokenizer(configs["tokenizer"]["special_tokens"])
+        return RELEASE_COMPONENTS
+    if preset in COMPONENT_CONFIGS:
+        return COMPONENT_CONFIGS[preset]
+    raise ValueError(f"Unknown preset {preset!r}: choose one of {sorted(COMPONENT_CONFIGS) + [RELEASE]}.")
 
+
+def _text_encoder_config(configs: dict, tokenizer: Qwen2Tokenizer) -> Qwen3VLConfig:
     def token_id(name: str) -> int:
         return tokenizer.convert_tokens_to_ids(f"<|{name}|>")
 
-    text_config = Qwen3VLConfig(
+    return Qwen3VLConfig(
         text_config=dict(configs["text_encoder"]["text_config"], vocab_size=len(tokenizer)),
         vision_config=configs["text_encoder"]["vision_config"],
         image_token_id=token_id("image_pad"),
@@ -221,21 +219,61 @@ def build_components(preset: str, seed: int, device: str = "cpu", text_encoder: 
         vision_start_token_id=token_id("vision_start"),
         vision_end_token_id=token_id("vision_end"),
     )
-    image_processor = Qwen2VLImageProcessorPil(**configs["processor"])
-    text_dtype = configs["text_encoder"].get("dtype", torch.float32)
-    components = {
-        "vae": _seeded(seed, "vae", lambda: _video_vae(configs["vae"]), device),
-        "audio_vae": _seeded(seed, "audio_vae", lambda: AutoencoderKLMiniMaxH3Audio(**configs["audio_vae"]), device),
+
+
+def _text_encoder(configs: dict, tokenizer: Qwen2Tokenizer) -> Qwen3VLForConditionalGeneration:
+    """The conditioner on the current default device, initialised by transformers."""
+    dtype = configs["text_encoder"].get("dtype", torch.float32)
+    return Qwen3VLForConditionalGeneration._from_config(_text_encoder_config(configs, tokenizer), dtype=dtype)
+
+
+def text_encoder_skeleton(preset: str) -> Qwen3VLForConditionalGeneration:
+    """The preset's conditioner on the meta device (no memory): its config, parameter names, shapes and dtype, for a
+    writer that draws the weights one module at a time."""
+    configs = _configs(preset)
+    with torch.device("meta"):
+        return _text_encoder(configs, _byte_level_tokenizer(configs["tokenizer"]["special_tokens"]))
+
+
+def small_components(preset: str) -> dict[str, object]:
+    """The components without weights (schedulers, tokenizer, processor) and the pipeline's canvas configs."""
+    configs = _configs(preset)
+    tokenizer = _byte_level_tokenizer(configs["tokenizer"]["special_tokens"])
+    return {
         "scheduler": MiniMaxH3Scheduler(**configs["scheduler"]),
         "audio_scheduler": MiniMaxH3Scheduler(**configs["audio_scheduler"]),
         "tokenizer": tokenizer,
-        "processor": ImageOnlyQwen3VLProcessor(image_processor=image_processor, tokenizer=tokenizer),
+        "processor": ImageOnlyQwen3VLProcessor(image_processor=Qwen2VLImageProcessorPil(**configs["processor"]),
+                                               tokenizer=tokenizer),
         **configs["pipeline"],
     }
+
+
+def build_vae(preset: str, seed: int, name: str, device: str = "cpu"):
+    """The preset's ``vae`` or ``audio_vae`` on ``device`` (``meta`` for its shapes alone)."""
+    config = _configs(preset)[name]
+    build = {"vae": lambda: _video_vae(config), "audio_vae": lambda: AutoencoderKLMiniMaxH3Audio(**config)}[name]
+    return _seeded(seed, name, build, device)
+
+
+def build_components(preset: str, seed: int, device: str = "cpu", text_encoder: bool = True) -> dict[str, object]:
+    """Every component ``MiniMaxH3Blocks`` needs except the transformers, keyed as the pipeline names them, plus the
+    pipeline's canvas configs (``update_components`` takes both), for ``make_pipeline``; the models built on
+    ``device``. The release preset's text encoder alone is 47 GiB: it is built only on a CUDA device, and
+    ``text_encoder=False`` leaves it out (for a caller whose prompt encodings are cached, or that writes it with
+    :func:`text_encoder_skeleton`); its VAEs alone are about 10.6 GiB of float32.
+
+    ``image_processor`` and ``video_processor`` are left to the pipeline, which creates them from its own config.
+    """
+    configs = _configs(preset)
+    if preset == RELEASE and text_encoder and torch.device(device).type != "cuda":
+        raise ValueError(f"the {RELEASE} pipeline's text encoder (about 47 GiB) is built on a CUDA device, not "
+                         f"{device!r}: run with --h3-device=cuda")
+    components = {name: build_vae(preset, seed, name, device) for name in ("vae", "audio_vae")}
+    components.update(small_components(preset))
     if text_encoder:
-        components["text_encoder"] = _seeded(
-            seed, "text_encoder",
-            lambda: Qwen3VLForConditionalGeneration._from_config(text_config, dtype=text_dtype), device)
+        tokenizer = components["tokenizer"]
+        components["text_encoder"] = _seeded(seed, "text_encoder", lambda: _text_encoder(configs, tokenizer), device)
     return components
 
 
@@ -244,6 +282,7 @@ def release_recipe(seed: int, device: str) -> dict:
     configs, the seed, the code that builds them, torch's version and the GPU (the CUDA generator's values depend
     on its multiprocessor count)."""
     properties = torch.cuda.get_device_properties(device)
-    code = "".join(inspect.getsource(function) for function in (build_components, _seeded, _component_seed, _video_vae))
+    code = "".join(inspect.getsource(function)
+                   for function in (build_components, build_vae, _seeded, _component_seed, _video_vae, _text_encoder))
     return {"configs": repr(RELEASE_COMPONENTS), "seed": seed, "code": hashlib.sha256(code.encode()).hexdigest(),
             "torch": torch.__version__, "gpu": properties.name, "multiprocessors": properties.multi_processor_count}

@@ -1,0 +1,70 @@
+"""Forward+backward time of a GEMM op at its release shapes under each tiling of one of its launchers.
+
+Usage (GPU): python benchmarks/gemm_tilings.py --op silu_linear --launcher _OUTER \
+    --tilings 64x256x4x1,128x128x8x1,...
+
+A tiling is BLOCK_M x BLOCK_N x num_warps x num_stages; each is forced on the launcher
+(``h3_triton.tuning.Launcher.forcing``) for the whole forward+backward, timed with ``triton.testing.do_bench``
+(median), beside the provider's forward+backward in the same run. Every gradient is compared with the one of the
+launcher's first tiling: the GEMM's reduction order does not follow the tiling, so any difference is printed as a
+defect. A tiling the kernel cannot launch (too much shared memory) is reported and skipped.
+"""
+
+import argparse
+
+import torch
+import triton
+
+from h3_triton import gemm
+from h3_triton.backend import H3Triton
+from h3gate import provider_ops
+from h3gate.bench import RELEASE, _forward_backward, cases, median_ms
+
+
+def _tiling(text: str, first: triton.Config) -> triton.Config:
+    """``text``'s tiling, with the other sizes of the launcher's first tiling (BLOCK_K, GROUP_M)."""
+    block_m, block_n, warps, stages = (int(part) for part in text.split("x"))
+    fixed = {key: value for key, value in first.kwargs.items() if key not in ("BLOCK_M", "BLOCK_N")}
+    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, **fixed}, num_warps=warps, num_stages=stages)
+
+
+def _gradients(fn, inputs: dict) -> list[torch.Tensor]:
+    leaves = {k: v.detach().requires_grad_(v.is_floating_point()) for k, v in inputs.items()}
+    fn(**leaves).float().square().sum().backward()
+    return [v.grad for v in leaves.values() if v.grad is not None]
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--op", default="silu_linear", choices=("linear", "silu_linear"))
+    parser.add_argument("--launcher", default="_OUTER", choices=("_TILED", "_SKINNY", "_OUTER", "_DESCRIBED"))
+    parser.add_argument("--tilings", required=True, help="comma-separated BLOCK_MxBLOCK_Nxwarpsxstages")
+    args = parser.parse_args(argv)
+    launcher = getattr(gemm, args.launcher)
+    fn = H3Triton().kernel_ops()[args.op]
+    for case in cases(RELEASE, "cuda"):
+        if case.op != args.op:
+            continue
+        inputs = case.make()
+        provider_ms = median_ms(_forward_backward(provider_ops.OPS[args.op], inputs, "random"), "cuda")
+        print(f"{case.label}: provider forward+backward {provider_ms:.4f} ms", flush=True)
+        size = next(v for v in inputs.values() if v.is_floating_point()).element_size()
+        first = launcher.tilings[size][0] if size in launcher.tilings else next(iter(launcher.tilings.values()))[0]
+        reference = None
+        for text in args.tilings.split(","):
+            config = _tiling(text, first)
+            try:
+                with launcher.forcing(config):
+                    grads = _gradients(fn, inputs)
+                    ms = median_ms(_forward_backward(fn, inputs, "random"), "cuda")
+            except (triton.runtime.errors.OutOfResources, RuntimeError) as error:
+                print(f"  {text}: not launched ({type(error).__name__}: {str(error).splitlines()[0]})", flush=True)
+                continue
+            reference = reference or grads
+            same = all(torch.equal(a, b) for a, b in zip(reference, grads))
+            print(f"  {text}: {ms:.4f} ms ({provider_ms / ms:.2f}x provider)"
+                  f"{'' if same else '  GRADIENTS DIFFER from the first tiling'}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
