@@ -5,12 +5,14 @@ Usage (GPU): python benchmarks/gemm_tilings.py --op silu_linear --launcher _OUTE
 
 A tiling is BLOCK_M x BLOCK_N x num_warps x num_stages; each is forced on the launcher
 (``h3_triton.tuning.Launcher.forcing``) for the whole forward+backward, timed with ``triton.testing.do_bench``
-(median), beside the provider's forward+backward in the same run. Every gradient is compared with the one of the
+(median wall time, which includes the host's launch work), and by the sum of its kernels' durations in a
+torch.profiler trace (GPU time alone), beside the provider's forward+backward in the same run. Every gradient is compared with the one of the
 launcher's first tiling: the GEMM's reduction order does not follow the tiling, so any difference is printed as a
 defect. A tiling the kernel cannot launch (too much shared memory) is reported and skipped.
 """
 
 import argparse
+import time
 
 import torch
 import triton
@@ -26,6 +28,31 @@ def _tiling(text: str, first: triton.Config) -> triton.Config:
     block_m, block_n, warps, stages = (int(part) for part in text.split("x"))
     fixed = {key: value for key, value in first.kwargs.items() if key not in ("BLOCK_M", "BLOCK_N")}
     return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, **fixed}, num_warps=warps, num_stages=stages)
+
+
+def gpu_ms(step, repeats: int = 10) -> float:
+    """The summed duration of the CUDA kernels of one ``step()``, from a torch.profiler trace of ``repeats`` calls."""
+    from torch.profiler import ProfilerActivity, profile
+
+    step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as trace:
+        for _ in range(repeats):
+            step()
+        torch.cuda.synchronize()
+    return sum(event.device_time_total for event in trace.events() if event.device_type.name == "CUDA") / 1e3 / repeats
+
+
+def host_ms(step, repeats: int = 20) -> float:
+    """The host's time to enqueue one ``step()``, the GPU left to run behind it."""
+    step()
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    elapsed = time.perf_counter() - start
+    torch.cuda.synchronize()
+    return elapsed * 1e3 / repeats
 
 
 def _gradients(fn, inputs: dict) -> list[torch.Tensor]:
@@ -46,8 +73,10 @@ def main(argv=None) -> None:
         if case.op != args.op:
             continue
         inputs = case.make()
-        provider_ms = median_ms(_forward_backward(provider_ops.OPS[args.op], inputs, "random"), "cuda")
-        print(f"{case.label}: provider forward+backward {provider_ms:.4f} ms", flush=True)
+        provider = _forward_backward(provider_ops.OPS[args.op], inputs, "random")
+        provider_ms, provider_gpu = median_ms(provider, "cuda"), gpu_ms(provider)
+        print(f"{case.label}: provider forward+backward {provider_ms:.4f} ms wall, {provider_gpu:.4f} ms GPU, "
+              f"{host_ms(provider):.4f} ms host", flush=True)
         size = next(v for v in inputs.values() if v.is_floating_point()).element_size()
         first = launcher.tilings[size][0] if size in launcher.tilings else next(iter(launcher.tilings.values()))[0]
         reference = None
@@ -56,13 +85,15 @@ def main(argv=None) -> None:
             try:
                 with launcher.forcing(config):
                     grads = _gradients(fn, inputs)
-                    ms = median_ms(_forward_backward(fn, inputs, "random"), "cuda")
+                    step = _forward_backward(fn, inputs, "random")
+                    ms, gpu, host = median_ms(step, "cuda"), gpu_ms(step), host_ms(step)
             except (triton.runtime.errors.OutOfResources, RuntimeError) as error:
                 print(f"  {text}: not launched ({type(error).__name__}: {str(error).splitlines()[0]})", flush=True)
                 continue
             reference = reference or grads
             same = all(torch.equal(a, b) for a, b in zip(reference, grads))
-            print(f"  {text}: {ms:.4f} ms ({provider_ms / ms:.2f}x provider)"
+            print(f"  {text}: {ms:.4f} ms wall ({provider_ms / ms:.2f}x provider), {gpu:.4f} ms GPU "
+                  f"({provider_gpu / gpu:.2f}x), {host:.4f} ms host"
                   f"{'' if same else '  GRADIENTS DIFFER from the first tiling'}", flush=True)
 
 

@@ -310,10 +310,12 @@ _SKINNY = _launcher(
 
 # Products whose K is at most _SKINNY_ROWS (a weight gradient over few rows: the AdaLN's is 2,688 x 96,768 over 3
 # rows at release) write far more than they read: K outer products summed in registers, no padding of K to a
-# 64-deep MMA step, C written in tiles as wide as its contiguous axis allows.
+# 64-deep MMA step, C written in tiles as wide as its contiguous axis allows. First the fastest in GPU time of 15
+# tilings at the AdaLN's release shape on an H200 (benchmarks/gemm_tilings.py: 0.481 ms for silu_linear's
+# forward+backward against 0.540 ms at 64 x 256).
 _OUTER = Launcher(
     _outer_kernel,
-    {size: configs([(64, 256, 4, 1), (128, 128, 4, 1), (64, 128, 4, 1)], ("BLOCK_M", "BLOCK_N")) for size in (2, 4)},
+    {size: configs([(128, 128, 4, 1), (64, 256, 4, 1), (32, 256, 4, 1)], ("BLOCK_M", "BLOCK_N")) for size in (2, 4)},
     key=["M", "N", "K", "K_INNER", "s_c_mi", "s_c_n"],
     interpreter={"BLOCK_M": 128, "BLOCK_N": 128},
     sized_by="b_ptr",
