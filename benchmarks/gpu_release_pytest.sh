@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The release gates through pytest on one H200, as a user runs them (`--h3-model=release --h3-device=cuda`), random
 # weights; a log per phase in $OUT with the GPU's and the host's used memory sampled every 5 s (max printed).
-#   PHASES  any of: golden-attention model block gen-freeze gen-check (default: all, in that order)
+#   PHASES  any of: golden-attention model block gen-freeze gen-check (default: all, in that order), and folder: the
+#           model gate on a release-width checkpoint folder that `h3gate checkpoint make --preset release --components
+#           transformer --layers $LAYERS` writes under $RUNS (about 4 GB: a whole release folder, 194.5 GB, does not fit
+#           the machine's disk), loaded through diffusers' from_pretrained as a user's checkpoint is
 #   LAYERS  blocks of the partial model the model gate runs (release-layers<N>, default 2)
 #   BLOCKS  block gate items at the full release model (default: "block24 block49")
 #   VARIANTS  provider variants the freezes calibrate from (default: sdpa-flash,sdpa-efficient)
@@ -60,6 +63,17 @@ if has gen-check; then
   sampled gen-check 560 "${GATE[@]}" tests/gates/test_generation.py::test_generation_preflight --h3-skip-model-gate="$SKIP" \
     --junitxml="$OUT/gen-junit.xml"
   grep -E "(same_start|psnr|ssim|temporal|audio)" "$OUT/gen-check.log" | head -20
+fi
+if has folder; then
+  FOLDER=$RUNS/minimax-h3-release-layers$LAYERS
+  [[ -d $FOLDER ]] || phase folder-make 300 h3gate checkpoint make --preset release --components transformer \
+    --layers "$LAYERS" "$FOLDER"
+  h3gate contracts --model "$FOLDER" --thresholds "$TH" | head -3
+  FOLDER_GATE=("${GATE[@]/--h3-model=release/--h3-model=$FOLDER}")
+  sampled folder-model-freeze 300 "${FOLDER_GATE[@]}" tests/gates/test_model.py::test_model --h3-freeze \
+    --h3-variants="$VARIANTS"
+  sampled folder-model-check 300 "${FOLDER_GATE[@]}" tests/gates/test_model.py::test_model \
+    --junitxml="$OUT/folder-model-junit.xml"
 fi
 ( cd "$TH" && find . -name "*.json" | tar -cf "$OUT/thresholds.tar" -T - )
 ls "$OUT"

@@ -99,3 +99,16 @@ def test_the_release_preset_is_planned_without_building_and_refused_for_want_of_
         "take 194.5 GB: write to a disk with more room, or fewer --components")
     assert [args[3] for args in built] == ["meta", "meta"], "the VAEs are planned on the meta device only"
     assert list(tmp_path.iterdir()) == [], "nothing is written"
+
+
+def test_a_release_folder_may_keep_the_transformers_first_blocks(tmp_path, monkeypatch, capsys):
+    planned = checkpoint_writer._weights("release", ["transformer"], 0, layers=2)["transformer"]
+    assert planned.model.config.num_layers == 2 and len(planned.model.transformer_blocks) == 2
+    assert 2.5e9 < planned.nbytes < 5e9  # two 1.3 GB blocks and the embeddings, not 66 GB
+    whole = checkpoint_writer._weights("release", ["transformer"], 0)["transformer"].model.state_dict()
+    assert all(whole[name].shape == tensor.shape for name, tensor in planned.model.state_dict().items())
+    assert main(["checkpoint", "make", "--preset", "tiny", str(tmp_path / "t"), "--layers", "2"]) == 2
+    assert "--layers 2: only the release preset's transformers are cut, to 1 to 50 blocks; 'tiny' is written whole" \
+        in capsys.readouterr().err
+    assert main(["checkpoint", "make", "--preset", "release", str(tmp_path / "r"), "--layers", "51"]) == 2
+    assert list(tmp_path.iterdir()) == []

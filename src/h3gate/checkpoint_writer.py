@@ -144,8 +144,9 @@ def library_initialised(model, seed: int, component: str) -> ModelWeights:
     return ModelWeights(model, tensors)
 
 
-def _weights(preset: str, names: Sequence[str], seed: int) -> dict[str, ModelWeights]:
-    """The model components among ``names``, for ``preset`` (module docstring)."""
+def _weights(preset: str, names: Sequence[str], seed: int, layers: int | None = None) -> dict[str, ModelWeights]:
+    """The model components among ``names``, for ``preset`` (module docstring); the release transformers with their
+    first ``layers`` blocks only when given."""
     models = [name for name in _MODELS if name in names]
     if preset != RELEASE:
         weights = {name: held(build_preset(preset, seed + offset).transformer)
@@ -153,7 +154,8 @@ def _weights(preset: str, names: Sequence[str], seed: int) -> dict[str, ModelWei
         built = build_components(preset, seed) if set(models) - set(TRANSFORMERS) else {}
         weights.update({name: held(built[name].to(SAVED_DTYPES[name])) for name in models if name not in weights})
         return weights
-    weights = {name: drawn_transformer(RELEASE_CONFIG, seed + offset)
+    config = {**RELEASE_CONFIG, "num_layers": layers or RELEASE_CONFIG["num_layers"]}
+    weights = {name: drawn_transformer(config, seed + offset)
                for offset, name in enumerate(TRANSFORMERS) if name in models}
     for name in ("vae", "audio_vae"):
         if name in models:
@@ -224,14 +226,16 @@ def _check_room(folder: Path, weights: dict[str, ModelWeights], preset: str) -> 
 
 
 def make(preset: str, folder: str | os.PathLike, components: Sequence[str] | None = None, seed: int = 0,
-         max_shard_size: int | str = MAX_SHARD_SIZE, progress=None) -> Path:
+         max_shard_size: int | str = MAX_SHARD_SIZE, progress=None, layers: int | None = None) -> Path:
     """Write the checkpoint folder of an embedded preset or of the release preset (all components, or
     ``components``) at ``folder``, which must not exist. Built in a hidden sibling folder and renamed into place, so
     no half-written checkpoint is left; refused before anything is written when the disk lacks room.
 
     The transformer carries the preset's weights of ``seed`` (an embedded preset's identity digest is the preset's),
-    the ref2va partition those of ``seed + 1``, the other components those of ``seed``. ``progress`` is the stream
-    of a progress bar over the bytes written (none when None)."""
+    the ref2va partition those of ``seed + 1``, the other components those of ``seed``. ``layers`` keeps the release
+    transformers' first blocks only (their weights are those blocks of the whole model's): a release-width folder
+    small enough for a GPU machine's disk. ``progress`` is the stream of a progress bar over the bytes written
+    (none when None)."""
     classes = component_classes()
     names = list(classes) if components is None else list(components)
     unknown = sorted(set(names) - set(classes))
@@ -239,11 +243,15 @@ def make(preset: str, folder: str | os.PathLike, components: Sequence[str] | Non
         raise CheckpointError(f"unknown components {unknown or names}: choose among {', '.join(classes)}")
     if preset not in PRESETS:
         raise CheckpointError(f"unknown preset {preset!r}: choose one of {', '.join(PRESETS)}")
+    full = RELEASE_CONFIG["num_layers"]
+    if layers is not None and (preset != RELEASE or not 1 <= layers <= full):
+        raise CheckpointError(f"--layers {layers}: only the {RELEASE} preset's transformers are cut, to 1 to {full} "
+                              f"blocks" + ("" if preset == RELEASE else f"; {preset!r} is written whole"))
     folder = Path(folder)
     if folder.exists():
         raise CheckpointError(f"{folder}: exists; a checkpoint is written into a new folder")
     folder.parent.mkdir(parents=True, exist_ok=True)
-    weights = _weights(preset, names, seed)
+    weights = _weights(preset, names, seed, layers)
     _check_room(folder, weights, preset)
     partial = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".partial"))
     try:

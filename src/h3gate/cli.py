@@ -100,7 +100,8 @@ def _checkpoint_make(args) -> int:
 
     components = args.components.split(",") if args.components else None
     try:
-        folder = make(args.preset, args.folder, components, args.seed, args.max_shard_size, progress=sys.stderr)
+        folder = make(args.preset, args.folder, components, args.seed, args.max_shard_size, progress=sys.stderr,
+                      layers=args.layers)
     except CheckpointError as error:
         return _refuse("checkpoint make", 2, str(error))
     print(f"wrote {folder}: the {args.preset} preset as a MiniMax-H3 checkpoint folder (--h3-model={folder})")
@@ -434,6 +435,9 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint_make.add_argument("--components", default=None,
                                  help="comma-separated components to write (default: all the pipeline declares)")
     checkpoint_make.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
+    checkpoint_make.add_argument("--layers", type=int, default=None,
+                                 help="release only: keep the transformers' first N of 50 blocks (the same weights as "
+                                 "those blocks of the whole model; 1.3 GB a block), for a smaller release-width folder")
     checkpoint_make.add_argument("--max-shard-size", default="5GB",
                                  help="largest safetensors shard, which is also about the host memory a model's "
                                  "writing holds (default: 5GB, the Hub's recommended size)")
