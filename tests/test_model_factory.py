@@ -3,6 +3,8 @@
 import json
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -83,6 +85,26 @@ def test_checkpoint_round_trip_and_digest_cache(tiny, tmp_path, monkeypatch):
     # A second load reads the cached digest instead of hashing the weights again.
     monkeypatch.setattr(files.hashlib, "sha256", _forbid_weight_hashing(files.hashlib.sha256))
     assert load_checkpoint(tmp_path / "ckpt").identity == loaded.identity
+
+
+def test_readers_at_once_hash_each_file_once_and_agree(tmp_path, monkeypatch):
+    """xdist workers opening one checkpoint together wait for each other's digests instead of reading it again."""
+    monkeypatch.setattr(files, "DIGEST_CACHE", tmp_path / "cache" / "digests.json")
+    paths = [tmp_path / f"shard-{index}.safetensors" for index in range(3)]
+    for index, path in enumerate(paths):
+        path.write_bytes(bytes([index]) * (1 << 20))
+    hashed, sha256_file = [], files.sha256_file
+
+    def slow_counting_hash(path):
+        hashed.append(path)
+        time.sleep(0.2)  # long enough for every reader to arrive while it hashes
+        return sha256_file(path)
+
+    monkeypatch.setattr(files, "sha256_file", slow_counting_hash)
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: files.file_digests(paths), range(4)))
+    assert results == [[sha256_file(path) for path in paths]] * 4
+    assert sorted(hashed) == sorted(paths)
 
 
 def _forbid_weight_hashing(sha256):

@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 import torch
@@ -47,7 +48,7 @@ from safetensors import SafetensorError, safe_open
 from transformers import PreTrainedModel
 
 from h3gate import status
-from h3gate.files import file_digest
+from h3gate.files import file_digests
 from h3gate.model import Model, ModelError, model_identity, plain_config
 from h3gate.pipeline_components import ImageOnlyQwen3VLProcessor
 
@@ -233,7 +234,9 @@ def load_checkpoint(path: str | os.PathLike) -> Model:
 
 
 def _files_digest(root: Path, files: list[Path]) -> str:
-    return hashlib.sha256("".join(f"{p.relative_to(root).as_posix()}:{file_digest(p)}|" for p in files).encode()).hexdigest()
+    named = "".join(f"{path.relative_to(root).as_posix()}:{digest}|"
+                    for path, digest in zip(files, file_digests(files, progress=sys.stderr)))
+    return hashlib.sha256(named.encode()).hexdigest()
 
 
 def components_digest(path: str | os.PathLike) -> str:

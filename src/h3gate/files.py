@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 
@@ -26,33 +27,52 @@ DIGEST_CACHE = Path(os.environ.get("H3GATE_CACHE", Path.home() / ".cache" / "h3g
 
 
 def file_digest(path: Path) -> str:
-    """sha256 of a file, cached by (path, size, mtime) so a 100 GB checkpoint is hashed once, not every run."""
+    """sha256 of a file, cached by (path, size, mtime) so a 100 GB checkpoint is hashed once, not every run. Each file
+    is hashed under a lock of its own: xdist workers opening one checkpoint at once hash it once, the others wait for
+    its digest (eight workers reading a 194.5 GB folder side by side would each take many minutes)."""
     from filelock import FileLock
 
     stat = path.stat()
     key = f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
-    DIGEST_CACHE.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(DIGEST_CACHE) + ".lock"):
-        cache = json.loads(DIGEST_CACHE.read_text()) if DIGEST_CACHE.is_file() else {}
+    locks = DIGEST_CACHE.parent / "digest-locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(locks / f"{sha256_bytes(key.encode())[:32]}.lock")):
+        with FileLock(str(DIGEST_CACHE) + ".lock"):
+            cache = json.loads(DIGEST_CACHE.read_text()) if DIGEST_CACHE.is_file() else {}
         if key in cache:
             return cache[key]
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(chunk)
-    with FileLock(str(DIGEST_CACHE) + ".lock"):
-        cache = json.loads(DIGEST_CACHE.read_text()) if DIGEST_CACHE.is_file() else {}
-        cache[key] = digest.hexdigest()
-        temporary = DIGEST_CACHE.with_suffix(".tmp")
-        temporary.write_text(json.dumps(cache, indent=1, sort_keys=True))
-        os.replace(temporary, DIGEST_CACHE)
-    return digest.hexdigest()
+        digest = sha256_file(path)
+        with FileLock(str(DIGEST_CACHE) + ".lock"):
+            cache = json.loads(DIGEST_CACHE.read_text()) if DIGEST_CACHE.is_file() else {}
+            cache[key] = digest
+            temporary = DIGEST_CACHE.with_suffix(".tmp")
+            temporary.write_text(json.dumps(cache, indent=1, sort_keys=True))
+            os.replace(temporary, DIGEST_CACHE)
+    return digest
+
+
+def file_digests(paths: list[Path], progress=None) -> list[str]:
+    """:func:`file_digest` of each path, in order, on several threads: hashlib releases the GIL while it hashes, so a
+    fast disk's files hash in parallel. ``progress`` is the stream of a bar over the bytes past 1 GB (none when None);
+    a first look at a release checkpoint reads 194.5 GB."""
+    from tqdm import tqdm
+
+    total = sum(path.stat().st_size for path in paths)
+    with tqdm(total=total, unit="B", unit_scale=True, desc="hashing", disable=progress is None or total < 1e9,
+              file=progress) as bar, \
+            ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
+        def hashed(path: Path) -> str:
+            digest = file_digest(path)
+            bar.update(path.stat().st_size)
+            return digest
+
+        return list(pool.map(hashed, paths))
 
 
 def sha256_file(path: str | os.PathLike) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
+        for chunk in iter(lambda: handle.read(1 << 24), b""):
             digest.update(chunk)
     return digest.hexdigest()
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shlex
+import sys
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -71,12 +72,12 @@ def model_name(spec: str) -> str:
     leading ``$H3GATE_LAYERS`` blocks), or for a checkpoint folder its name and the first
     12 hex digits of a digest of its transformer (config and weight files), so two checkpoints of one name (two
     fine-tunes both called ``minimax-h3``) keep their thresholds apart. Weight digests are cached by path, size and
-    mtime (:func:`h3gate.files.file_digest`): a checkpoint is hashed once."""
+    mtime (:func:`h3gate.files.file_digests`): a checkpoint is hashed once."""
     if spec in TRANSFORMER_CONFIGS:
         return spec
     if spec == RELEASE:
         return release_name(release_layers())
-    from h3gate.files import file_digest
+    from h3gate.files import file_digests
 
     root = Path(spec).resolve()
     config = _checkpoint_config(str(root))
@@ -84,7 +85,8 @@ def model_name(spec: str) -> str:
     weights = sorted(folder.glob("*.safetensors"))
     if not weights:
         raise ValueError(f"{folder} has a transformer config.json but no *.safetensors weight files")
-    parts = [json.dumps(config, sort_keys=True)] + [f"{path.name}:{file_digest(path)}" for path in weights]
+    parts = [json.dumps(config, sort_keys=True)] + [f"{path.name}:{digest}"
+                                                    for path, digest in zip(weights, file_digests(weights, sys.stderr))]
     return f"{root.name}-{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:12]}"
 
 
