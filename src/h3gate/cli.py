@@ -425,13 +425,13 @@ def build_parser() -> argparse.ArgumentParser:
     checkpoint_commands = checkpoint.add_subparsers(dest="checkpoint_command", required=True)
     checkpoint_make = checkpoint_commands.add_parser(
         "make",
-        help="write an embedded preset as a diffusers MiniMax-H3 pipeline folder (model_index.json and every component)",
+        help="write a preset as a diffusers MiniMax-H3 pipeline folder (model_index.json and every component)",
     )
     checkpoint_make.add_argument("folder", metavar="DIR", help="the folder to create (it must not exist)")
     checkpoint_make.add_argument(
         "--preset", required=True,
         help="the preset to write: tiny, edge, small (seconds) or release (the published configs with random weights: "
-        "about 190 GB for every component, written a shard at a time; refused up front when the disk lacks room)")
+        "194.5 GB for every component, written a shard at a time; refused up front when the disk lacks room)")
     checkpoint_make.add_argument("--components", default=None,
                                  help="comma-separated components to write (default: all the pipeline declares)")
     checkpoint_make.add_argument("--seed", type=int, default=0, help="weight seed (default: 0)")
