@@ -77,8 +77,7 @@ def main(argv=None) -> None:
         provider_ms, provider_gpu = median_ms(provider, "cuda"), gpu_ms(provider)
         print(f"{case.label}: provider forward+backward {provider_ms:.4f} ms wall, {provider_gpu:.4f} ms GPU, "
               f"{host_ms(provider):.4f} ms host", flush=True)
-        size = next(v for v in inputs.values() if v.is_floating_point()).element_size()
-        first = launcher.tilings[size][0] if size in launcher.tilings else next(iter(launcher.tilings.values()))[0]
+        first = next(iter(launcher.tilings.values()))[0]  # a launcher's tilings share their fixed sizes
         reference = None
         for text in args.tilings.split(","):
             config = _tiling(text, first)

@@ -55,7 +55,7 @@ from h3gate.checkpoint import (
 from h3gate.files import write_json
 from h3gate.model import build_preset, drawn_parameter, transformer_skeleton
 from h3gate.pipeline_components import (
-    COMPONENT_CONFIGS,
+    PRESETS,
     build_components,
     build_vae,
     component_rng,
@@ -65,7 +65,6 @@ from h3gate.pipeline_components import (
 from h3gate.presets import RELEASE, RELEASE_CONFIG
 
 MAX_SHARD_SIZE = "5GB"
-PRESETS = (*COMPONENT_CONFIGS, RELEASE)
 _MODELS = (*TRANSFORMERS, "vae", "audio_vae", "text_encoder")
 
 
@@ -216,13 +215,15 @@ def _gigabytes(size: int) -> str:
     return f"{size / 1e9:.1f} GB"
 
 
-def _check_room(folder: Path, weights: dict[str, ModelWeights], preset: str) -> None:
+def _check_room(folder: Path, weights: dict[str, ModelWeights], preset: str) -> int:
+    """The bytes ``weights`` take, refused when the disk under ``folder`` lacks them."""
     need = sum(model.nbytes for model in weights.values())
     free = shutil.disk_usage(folder.parent).free
     if need > free:
         raise CheckpointError(
             f"{folder.parent}: {_gigabytes(free)} free, and the {preset} preset's {', '.join(weights)} take "
             f"{_gigabytes(need)}: write to a disk with more room, or fewer --components")
+    return need
 
 
 def make(preset: str, folder: str | os.PathLike, components: Sequence[str] | None = None, seed: int = 0,
@@ -252,7 +253,7 @@ def make(preset: str, folder: str | os.PathLike, components: Sequence[str] | Non
         raise CheckpointError(f"{folder}: exists; a checkpoint is written into a new folder")
     folder.parent.mkdir(parents=True, exist_ok=True)
     weights = _weights(preset, names, seed, layers)
-    _check_room(folder, weights, preset)
+    need = _check_room(folder, weights, preset)
     partial = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".partial"))
     try:
         small = small_components(preset)
@@ -261,7 +262,7 @@ def make(preset: str, folder: str | os.PathLike, components: Sequence[str] | Non
         pipe.update_components(**{name: small[name] for name in names if name not in weights})
         pipe.register_to_config(**canvas)
         pipe.save_pretrained(str(partial), overwrite_modular_index=True)
-        with tqdm(total=sum(model.nbytes for model in weights.values()), unit="B", unit_scale=True,
+        with tqdm(total=need, unit="B", unit_scale=True,
                   disable=progress is None, file=progress, desc="checkpoint") as bar:
             for name in list(weights):
                 bar.set_description(name)

@@ -199,6 +199,10 @@ def _video_vae(config: dict) -> AutoencoderKLMiniMaxH3:
     return vae
 
 
+PRESETS = (*COMPONENT_CONFIGS, RELEASE)
+"""Every preset whose components can be built: the embedded ones and the release one."""
+
+
 def _configs(preset: str) -> dict:
     if preset == RELEASE:
         return RELEASE_COMPONENTS
