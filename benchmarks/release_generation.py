@@ -6,9 +6,10 @@ Builds the release-size pipeline in-process with random weights, directly on the
 Every generation goes through the gate's own :func:`h3gate.gates.generation.run_generation` (run store, cached
 encodings, the text encoder back on the host once they are made, tiled decode).
 
-Prints and logs (JSON) per candidate and workflow: time per transformer call, the text encoding, each decode with
-its peak memory, the generation's wall time, peak GPU memory (torch.cuda.max_memory_allocated) and the process's
-peak RSS; and the metrics of h3_triton's generation against the provider's.
+Prints and logs (JSON) per candidate and workflow: time per transformer call, the text encoder's build with every
+encoding it made, each decode, each with its peak memory (:func:`h3gate.pipeline.measured`); the generation's wall
+time, its peak GPU memory (the largest of its parts') and the process's peak RSS; and the metrics of h3_triton's
+generation against the provider's.
 
     python benchmarks/release_generation.py                      # release on CUDA
     TRITON_INTERPRET=1 python benchmarks/release_generation.py --model tiny --device cpu   # CPU smoke test
@@ -36,6 +37,14 @@ GIB = 2**30
 
 def peak_rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
+
+
+def peak_gib(costs: dict) -> float:
+    """A run's peak GPU memory: the largest of its parts' (each part resets torch's peak, so the run's own reading
+    would be its last decode's)."""
+    parts = [*costs["decode"].values(), costs["encoding"].get("text_encoder_and_all_encodings", {})]
+    peaks = [part["peak_memory_bytes"] for part in parts if "peak_memory_bytes" in part]
+    return max([*peaks, costs["transformer_call_peak_memory_bytes"] or 0]) / GIB
 
 
 def main() -> int:
@@ -68,8 +77,6 @@ def main() -> int:
     for name in args.candidates.split(","):
         candidate = None if name == "provider" else candidates.load(name)
         for workflow in contract.workflows:
-            if cuda:
-                torch.cuda.reset_peak_memory_stats(args.device)
             start = time.perf_counter()
             generated = gate.run_generation(
                 model, contract, args.seed, args.device, args.out, workflow=workflow, candidate=candidate,
@@ -78,7 +85,7 @@ def main() -> int:
             run = {
                 "wall_seconds": time.perf_counter() - start,
                 **generated.summary(),
-                "peak_gpu_gib": torch.cuda.max_memory_allocated(args.device) / GIB if cuda else None,
+                "peak_gpu_gib": peak_gib(generated.costs) if cuda else None,
                 "peak_rss_gib": peak_rss_gib(),
             }
             if name == "provider":
@@ -90,7 +97,11 @@ def main() -> int:
             report["runs"][f"{name}.{workflow}"] = run
             calls = generated.costs["transformer_call_seconds"]
             decode = generated.costs["decode"]
-            print(f"{name} {workflow}: {run['wall_seconds']:.1f} s; transformer calls "
+            encoding = generated.costs["encoding"].get("text_encoder_and_all_encodings")
+            print(f"{name} {workflow}: {run['wall_seconds']:.1f} s; "
+                  + (f"text encoder built and {', '.join(generated.costs['encoding']['with'])} encoded in "
+                     f"{encoding['seconds']:.1f} s at {encoding['peak_memory_bytes'] / GIB:.1f} GiB; " if encoding else "")
+                  + "transformer calls "
                   f"{', '.join(f'{s:.2f}' for s in calls) or 'reused'} s; decode "
                   + ", ".join(f"{k} {v['seconds']:.2f} s at {v['peak_memory_bytes'] / GIB:.1f} GiB" for k, v in decode.items())
                   + (f"; peak GPU {run['peak_gpu_gib']:.1f} GiB" if cuda else "")

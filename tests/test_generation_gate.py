@@ -356,6 +356,9 @@ def test_a_damaged_cached_encoding_is_an_error_naming_what_to_delete(tiny, tmp_p
     first = gate.run_generation(tiny, contract, 42, "cpu", tmp_path / "out")
     cached = Path(first.costs["encoding"]["file"])
     assert first.costs["encoding"]["encoded"] and set(first.costs["decode"]) == {"video", "audio"}
+    measured = [first.costs["encoding"]["text_encoder_and_all_encodings"], *first.costs["decode"].values()]
+    assert all(part["seconds"] > 0 and part["peak_memory_bytes"] > 0 for part in measured), first.costs
+    assert first.costs["transformer_call_peak_memory_bytes"] > 0 and len(first.costs["transformer_call_seconds"]) > 0
     again = gate.run_generation(tiny, contract, 42, "cpu", tmp_path / "out2")
     assert again.first_call_inputs == first.first_call_inputs, "a fresh encoding starts the same generation"
     cached.write_bytes(cached.read_bytes()[:-8] + b"\0" * 8)

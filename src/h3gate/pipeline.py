@@ -69,6 +69,7 @@ __all__ = [
     "generate",
     "load_reference_image",
     "make_pipeline",
+    "measured",
     "reference_image_path",
 ]
 
@@ -150,29 +151,36 @@ def _peak_memory(device: torch.device) -> int:
 
 
 @contextlib.contextmanager
+def measured(device):
+    """Yield a dict that, after the body, holds its ``seconds`` and ``peak_memory_bytes``: torch's allocated-memory
+    peak of the body on CUDA (the peak is reset on entry, so a caller measuring around the body must read its own
+    parts' peaks), the process's peak RSS on CPU (which cannot be reset: the whole run's peak), and which of the
+    two in ``memory``."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    costs = {}
+    start = time.perf_counter()
+    yield costs
+    if cuda:
+        torch.cuda.synchronize(device)
+    costs.update(seconds=time.perf_counter() - start, peak_memory_bytes=_peak_memory(device),
+                 memory="torch.cuda.max_memory_allocated" if cuda else "process peak RSS")
+
+
+@contextlib.contextmanager
 def decode_costs(pipe):
-    """Yield a dict that each decode of the body fills: ``{"video"|"audio": {"seconds", "peak_memory_bytes",
-    "memory"}}``, the peak being torch's allocated-memory peak of the decode on CUDA, the process's peak RSS on CPU
-    (which cannot be reset: the whole run's peak). The VAEs' ``decode`` is wrapped on the instances for the body."""
+    """Yield a dict that each decode of the body fills: ``{"video"|"audio": costs of :func:`measured`}``. The VAEs'
+    ``decode`` is wrapped on the instances for the body."""
     costs = {}
     wrapped = {"video": pipe.vae, "audio": pipe.audio_vae}
 
     def timing(name, module, decode):
         def timed_decode(*args, **kwargs):
-            device = next(module.parameters()).device
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
-            start = time.perf_counter()
-            result = decode(*args, **kwargs)
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            costs[name] = {
-                "seconds": time.perf_counter() - start,
-                "peak_memory_bytes": _peak_memory(device),
-                "memory": "torch.cuda.max_memory_allocated" if device.type == "cuda" else "process peak RSS",
-            }
-            return result
+            with measured(next(module.parameters()).device) as costs[name]:
+                return decode(*args, **kwargs)
 
         return timed_decode
 

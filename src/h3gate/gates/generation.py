@@ -37,9 +37,9 @@ torch / triton / diffusers versions. A run of another identity in that folder is
 
 Pipeline components: the embedded presets' are built (:func:`h3gate.pipeline.build_components`, seed 0), a
 checkpoint folder's loaded (:func:`h3gate.checkpoint.load_components`); kept in memory per model source. Each finished
-run records the video VAE's tiling; a generation's costs (its decodes' time and peak memory,
-:func:`h3gate.pipeline.decode_costs`) are those of the process that decoded, kept out of the run folder, which a
-resumed run repeats bitwise.
+run records the video VAE's tiling; a generation's costs (the time and peak memory of its encodings when it made
+them, of its transformer calls and of its decodes, :func:`h3gate.pipeline.measured`) are those of the process that
+ran them, kept out of the run folder, which a resumed run repeats bitwise.
 
 Entry points (``progress`` is a text stream for tqdm's step bars, or None for none), besides the gate protocol of
 :mod:`h3gate.gates` at the end, whose items are seeds of the marker's ``contract`` (default ``generation``):
@@ -265,7 +265,8 @@ def encodings(model: Model, contract: GenerationContract, workflow: str, compone
     if not path.is_file() or sha256_file(path) != expected:
         raise EncodingError(f"{path}: missing or its sha256 differs from {record.name} (damaged or partly copied); "
                             f"delete {path.name} and {record.name} to encode again")
-    costs = {"encoded": True, "seconds": made[workflow], "with": sorted(made)} if made else {"encoded": False}
+    costs = ({"encoded": True, "seconds": made["seconds"][workflow], "with": sorted(made["seconds"]),
+              "text_encoder_and_all_encodings": made["all"]} if made else {"encoded": False})
     return _unflatten(safetensors.torch.load_file(path), device), {**costs, "file": str(path), "sha256": expected}
 
 
@@ -284,33 +285,34 @@ def _encoding_files(model, contract, workflow, components_digest, device, out_di
     return path, path.with_suffix(".json"), identity
 
 
-def _encode_missing(contract: GenerationContract, missing: dict, parts: dict, device: str) -> dict[str, float]:
+def _encode_missing(contract: GenerationContract, missing: dict, parts: dict, device: str) -> dict:
     """Encode each workflow of ``missing`` ({workflow: (file, record, identity)}) with one text encoder, then release
-    it; the seconds each took."""
-    text_encoder, built = _text_encoder(parts, device)
-    text_encoder.to(device)
-    parts["vae"].to(device)
+    it; the seconds each took and the costs (:func:`h3gate.pipeline.measured`) of the whole, text encoder included."""
     seconds = {}
-    try:
-        for workflow, (path, record, identity) in missing.items():
-            start = time.perf_counter()
-            encoded = pipeline.encode(
-                pipeline.encoder_pipeline({**parts, "text_encoder": text_encoder}), workflow=workflow,
-                prompt=contract.prompt, num_frames=contract.num_frames, height=contract.height, width=contract.width,
-                image=load_reference_image() if workflow == "fl2va" else None,
-            )
-            _synchronize(device)
-            seconds[workflow] = time.perf_counter() - start
-            data = safetensors.torch.save(_flatten(encoded))
-            write_atomic(path, data)
-            write_json(record, {"identity": identity, "sha256": sha256_bytes(data)})
-    finally:
-        # released: the device holds the transformer, both VAEs and the runs
-        text_encoder.to("meta" if built else "cpu")
-        del text_encoder
-        if torch.device(device).type == "cuda":
-            torch.cuda.empty_cache()
-    return seconds
+    with pipeline.measured(device) as costs:
+        text_encoder, built = _text_encoder(parts, device)
+        text_encoder.to(device)
+        parts["vae"].to(device)
+        try:
+            for workflow, (path, record, identity) in missing.items():
+                start = time.perf_counter()
+                encoded = pipeline.encode(
+                    pipeline.encoder_pipeline({**parts, "text_encoder": text_encoder}), workflow=workflow,
+                    prompt=contract.prompt, num_frames=contract.num_frames, height=contract.height,
+                    width=contract.width, image=load_reference_image() if workflow == "fl2va" else None,
+                )
+                _synchronize(device)
+                seconds[workflow] = time.perf_counter() - start
+                data = safetensors.torch.save(_flatten(encoded))
+                write_atomic(path, data)
+                write_json(record, {"identity": identity, "sha256": sha256_bytes(data)})
+        finally:
+            # released: the device holds the transformer, both VAEs and the runs
+            text_encoder.to("meta" if built else "cpu")
+            del text_encoder
+            if torch.device(device).type == "cuda":
+                torch.cuda.empty_cache()
+    return {"seconds": seconds, "all": costs}
 
 
 def _flatten(encoded: dict) -> dict[str, torch.Tensor]:
@@ -383,16 +385,16 @@ def run_generation(
                              mode, device)
     folder = run_folder(out_dir, model, contract, role, workflow, seed, identity)
     call_seconds: list[float] = []
+    call_peaks: list[int] = []  # each call's peak memory (:func:`h3gate.pipeline.measured`)
     call_coverage: list[dict] = []  # per call computed here, its replaced ops' counts
     described: list[dict] = []  # the info of every step saved here
     scoped = numerics.scoped(mode, numerics.runner(mode, transformer.forward))
 
     def call(**inputs):
-        start = time.perf_counter()
-        with coverage.counting(candidate) as counts:
+        with pipeline.measured(device) as costs, coverage.counting(candidate) as counts:
             outputs = scoped(**inputs)
-        _synchronize(device)
-        call_seconds.append(time.perf_counter() - start)
+        call_seconds.append(costs["seconds"])
+        call_peaks.append(costs["peak_memory_bytes"])
         call_coverage.append(counts)
         return outputs
 
@@ -452,6 +454,7 @@ def run_generation(
                 "decode": decodes,
                 "vae_tiling": run.finished.get("tiling"),
                 "transformer_call_seconds": call_seconds,
+                "transformer_call_peak_memory_bytes": max(call_peaks, default=None),
             },
             coverage=coverage.total(*(info.get("coverage", {}) for info in
                                       [*(sidecar["info"] for sidecar in run.saved), *described])),
