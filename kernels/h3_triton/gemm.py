@@ -4,16 +4,17 @@ One tiled kernel computes ``C = act(A) @ B (+ bias) (* silu'(Z))`` with float32 
 (swizzled) program order, so programs running together share operand panels in L2. Every product of both functions
 is this kernel with other strides: the forward reads the weight (N, K) as B = W^T, the input gradient is
 dY @ W, the weight gradient is written as dW^T = act(X)^T @ dY (the transpose lives only in the strides), and
-the bias gradient is ones(1, M) @ dY, a column sum with the same fixed-order reduction. ``silu_linear`` fuses
-the SiLU into the load of A (forward and weight gradient) and its derivative into the epilogue (input
-gradient), so the tiny activation never makes a round trip through memory and the weight is streamed once.
+the bias gradient is ones(1, M) @ dY, a column sum with the same fixed-order reduction (over few rows summed
+by the weight gradient's kernel as it reads dY). ``silu_linear`` fuses the SiLU into the load of A (forward and
+weight gradient) and its derivative into the epilogue (input gradient), so the tiny activation never makes a
+round trip through memory and the weight is streamed once.
 
 Two shapes of the AdaLN projection (3 rows at release) get kernels of their own, each reducing in an order that
 depends on the shape alone: a skinny product with a long K (its input gradient, K = 96,768) is split K, chunks of
 4,096 reduced in parallel and their float32 sums added in chunk order by a second kernel; a product over at most
-16 reduction indices (its weight and bias gradients, over the rows) is a sum of outer products, one multiply-add
-per element and index. On an H200 they took the AdaLN's forward+backward from 1.312 to 0.641 ms at the first tilings
-(``benchmarks/results/h200-perf/silu-linear-*.log``).
+16 reduction indices (its weight gradient over the rows, its bias gradient summed on the way) is a sum of outer
+products, one multiply-add per element and index. On an H200 they took the AdaLN's forward+backward from 1.312 to
+0.641 ms at the first tilings (``benchmarks/results/h200-perf/silu-linear-*.log``).
 
 Rows: an input (..., K) is addressed without copies when its leading dimensions collapse to at most two
 strides (``outer``, ``inner``), which covers 2-D and 3-D slices of larger buffers. The reduction over rows of
@@ -178,33 +179,44 @@ def _chunk_sum_kernel(
 
 @triton.jit
 def _outer_kernel(
-    a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr,
+    a_ptr, b_ptr, c_ptr, bias_ptr, z_ptr, sums_ptr,
     M, N, M_INNER, K, K_INNER,
     s_a_mo, s_a_mi, s_a_ko, s_a_ki,
     s_b_ko, s_b_ki, s_b_n,
     s_c_mo, s_c_mi, s_c_n,
     s_bias,
     s_z_mo, s_z_mi, s_z_n,
+    s_sums,
     M_SPLIT: tl.constexpr, HAS_BIAS: tl.constexpr, A_SILU: tl.constexpr, B_SILU: tl.constexpr,
-    SILU_GRAD: tl.constexpr, INTERPRETED: tl.constexpr,
+    SILU_GRAD: tl.constexpr, SUM_A: tl.constexpr, SUM_B: tl.constexpr, INTERPRETED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One (BLOCK_M, BLOCK_N) tile of C = act(A) @ act(B) for a short K (at most _SKINNY_ROWS): a sum of K outer
     products, one multiply-add per element and index of K, in index order, whatever the tiling. K's indices are
     rows ``K // K_INNER`` blocks of ``K_INNER`` (a weight gradient's reduction over few rows); the SiLU applies to
-    A or B (``A_SILU``, ``B_SILU``)."""
+    A or B (``A_SILU``, ``B_SILU``). ``SUM_A`` (``SUM_B``) also stores A's row sums (B's column sums) over K, of
+    the loaded values in index order, at ``sums_ptr``: a bias gradient beside its weight gradient, written by the
+    programs of the first column (row) block."""
     num_n = tl.cdiv(N, BLOCK_N)
-    rm = (tl.program_id(0) // num_n) * BLOCK_M + tl.arange(0, BLOCK_M)
-    rn = (tl.program_id(0) % num_n) * BLOCK_N + tl.arange(0, BLOCK_N)
+    pid_m = tl.program_id(0) // num_n
+    pid_n = tl.program_id(0) % num_n
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     in_m = rm < M
     in_n = rn < N
     a_rows = a_ptr + _row_offsets(rm, M_INNER, s_a_mo, s_a_mi, M_SPLIT)
     b_cols = b_ptr + rn.to(tl.int64) * s_b_n
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    a_sums = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    b_sums = tl.zeros((BLOCK_N,), dtype=tl.float32)
     for k in range(0, K):
         k_offset = (k // K_INNER).to(tl.int64)
         a = tl.load(a_rows + k_offset * s_a_ko + (k % K_INNER) * s_a_ki, mask=in_m, other=0.0)
         b = tl.load(b_cols + k_offset * s_b_ko + (k % K_INNER) * s_b_ki, mask=in_n, other=0.0)
+        if SUM_A:
+            a_sums += a.to(tl.float32)
+        if SUM_B:
+            b_sums += b.to(tl.float32)
         if A_SILU:
             a = a.to(tl.float32)
             a = to_dtype(a * tl.sigmoid(a), b.dtype, INTERPRETED)
@@ -212,6 +224,12 @@ def _outer_kernel(
             b = b.to(tl.float32)
             b = to_dtype(b * tl.sigmoid(b), a.dtype, INTERPRETED)
         acc += a.to(tl.float32)[:, None] * b.to(tl.float32)[None, :]
+    if SUM_A:
+        if pid_n == 0:
+            tl.store(sums_ptr + rm * s_sums, to_dtype(a_sums, sums_ptr.dtype.element_ty, INTERPRETED), mask=in_m)
+    if SUM_B:
+        if pid_m == 0:
+            tl.store(sums_ptr + rn * s_sums, to_dtype(b_sums, sums_ptr.dtype.element_ty, INTERPRETED), mask=in_n)
     _finish_tile(acc, rm, rn, M, N, M_INNER, c_ptr, s_c_mo, s_c_mi, s_c_n, bias_ptr, s_bias,
                  z_ptr, s_z_mo, s_z_mi, s_z_n, M_SPLIT, HAS_BIAS, SILU_GRAD, INTERPRETED)
 
@@ -410,28 +428,37 @@ def _described_matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, bia
 
 
 def _matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, *, bias: torch.Tensor | None = None,
-            z: _Mat | None = None, a_silu: bool = False) -> None:
-    """``c = act(a) @ b (+ bias) (* silu'(z))`` for a (m, k) @ (k, n); ``z`` is laid out like ``c``."""
-    if m.count == 0 or n == 0:
-        return
-    if z is None and not a_silu and _described_matmul(a, b, c, m, n, k, bias):
+            z: _Mat | None = None, a_silu: bool = False, b_sums: torch.Tensor | None = None) -> None:
+    """``c = act(a) @ b (+ bias) (* silu'(z))`` for a (m, k) @ (k, n); ``z`` is laid out like ``c``.
+
+    ``b_sums`` (n,) also receives ones(1, k) @ b, B's column sums (a bias gradient beside its weight gradient),
+    in its dtype: by the outer-product kernel when that computes ``c`` (one launch fewer), else by that product
+    of its own; the bits are the same either way (one float32 sum in index order, rounded once).
+    """
+    empty = m.count == 0 or n == 0
+    described = not empty and z is None and not a_silu and _described_matmul(a, b, c, m, n, k, bias)
+    if b_sums is not None and (empty or described or k.count > _SKINNY_ROWS):
+        _column_sums(b, n, k, b_sums)
+        b_sums = None
+    if empty or described:
         return
     z_args = (*z.rows, z.cols[1]) if z is not None else (0, 0, 0)
     bias_args = (c.t if bias is None else bias, c.t if z is None else z.t)
     epilogue = dict(M_SPLIT=m.inner != m.count, HAS_BIAS=bias is not None, SILU_GRAD=z is not None,
                     INTERPRETED=INTERPRET)
     if k.count <= _SKINNY_ROWS:
-        b_silu = False
+        b_silu, sum_a = False, False
         if c.rows[1] == 1 and c.cols[1] != 1 and m.inner == m.count and bias is None and z is None:
             # C^T = B^T act(A)^T: tiles are written along their last axis, here C's contiguous one.
-            a, b, c, m, n, a_silu, b_silu = b.T, a.T, c.T, _Axis.flat(n), m.count, False, a_silu
+            a, b, c, m, n, a_silu, b_silu, sum_a = b.T, a.T, c.T, _Axis.flat(n), m.count, False, a_silu, True
+        summed = b_sums is not None
         _OUTER(
             lambda meta: (triton.cdiv(m.count, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),),
-            a.t, b.t, c.t, *bias_args,
+            a.t, b.t, c.t, *bias_args, b_sums if summed else c.t,
             m.count, n, m.inner, k.count, k.inner,
             *a.rows, *a.cols, *b.rows, b.cols[1], *c.rows, c.cols[1],
-            0 if bias is None else bias.stride(0), *z_args,
-            A_SILU=a_silu, B_SILU=b_silu, **epilogue,
+            0 if bias is None else bias.stride(0), *z_args, b_sums.stride(0) if summed else 0,
+            A_SILU=a_silu, B_SILU=b_silu, SUM_A=summed and sum_a, SUM_B=summed and not sum_a, **epilogue,
         )
         return
     skinny = m.count <= _SKINNY_ROWS
@@ -459,6 +486,12 @@ def _matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, *, bias: torc
         )
 
 
+def _column_sums(b: _Mat, n: int, k: _Axis, sums: torch.Tensor) -> None:
+    """``sums`` (n,) = ones(1, k) @ b: B's column sums in ``sums``' dtype (a bias gradient)."""
+    ones = torch.ones((1,), dtype=b.t.dtype, device=b.t.device)
+    _matmul(_Mat(ones, (0, 0), (0, 0)), b, _Mat(sums, (0, 0), (0, sums.stride(0))), _Axis.flat(1), n, k)
+
+
 class _Linear(torch.autograd.Function):
     """``act(x) @ weight.T + bias`` with ``act`` = identity or SiLU (rounded to the weight's dtype)."""
 
@@ -480,7 +513,8 @@ class _Linear(torch.autograd.Function):
             # Autograd hands gradients in whatever layout the next op produced; a contiguous copy always
             # shares the rows of x, whose layout the forward accepted.
             dy = dy.contiguous()
-        dx = dweight = dbias = None
+        dx = dweight = None
+        dbias = torch.empty((N,), dtype=weight.dtype, device=dy.device) if ctx.needs_input_grad[2] else None
         if ctx.needs_input_grad[0]:
             dx = torch.empty_like(x, memory_format=torch.contiguous_format)
             rows, (dym, dxm, xm) = _row_split(dy, dx, x)
@@ -488,12 +522,10 @@ class _Linear(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             dweight = torch.empty_like(weight, memory_format=torch.contiguous_format)
             rows, (xm, dym) = _row_split(x, dy)
-            _matmul(xm.T, dym, _Mat.of_weight(dweight).T, _Axis.flat(K), N, rows, a_silu=ctx.silu)
-        if ctx.needs_input_grad[2]:
-            dbias = torch.empty((N,), dtype=weight.dtype, device=dy.device)
-            ones = torch.ones((1,), dtype=dy.dtype, device=dy.device)
+            _matmul(xm.T, dym, _Mat.of_weight(dweight).T, _Axis.flat(K), N, rows, a_silu=ctx.silu, b_sums=dbias)
+        elif dbias is not None:
             rows, (dym,) = _row_split(dy)
-            _matmul(_Mat(ones, (0, 0), (0, 0)), dym, _Mat(dbias, (0, 0), (0, 1)), _Axis.flat(1), N, rows)
+            _column_sums(dym, N, rows, dbias)
         return dx, dweight, dbias, None
 
 
