@@ -254,8 +254,9 @@ def encodings(model: Model, contract: GenerationContract, workflow: str, compone
     moved to ``device`` for the calls and back to the host after them (the release preset's built for them and
     then dropped: moved to the meta device, which frees its storage whoever still refers to it), so the
     transformer, both VAEs and the runs have the device to themselves, and a release text encoder (47 GiB) is
-    built once, before any run has left blocks in the allocator's cache (on an H200 a second build for fl2va, after
-    t2va's runs, took the device to 134.8 GiB of 139). ``prompt_embeds`` is returned on ``device``, the rest on the
+    built once, before any run has left blocks in the allocator's cache (on an H200, with the release transformer
+    and VAEs resident, nvidia-smi showed 134.8 GiB of 139 in use for the few seconds it encoded both workflows,
+    84.7 GiB after). ``prompt_embeds`` is returned on ``device``, the rest on the
     host, where diffusers' encoder blocks leave them."""
     files = {name: _encoding_files(model, contract, name, components[1], device, out_dir) for name in contract.workflows}
     missing = {name: found for name, found in files.items() if not found[1].is_file()}
