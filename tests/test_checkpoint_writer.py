@@ -112,3 +112,7 @@ def test_a_release_folder_may_keep_the_transformers_first_blocks(tmp_path, monke
         in capsys.readouterr().err
     assert main(["checkpoint", "make", "--preset", "release", str(tmp_path / "r"), "--layers", "51"]) == 2
     assert list(tmp_path.iterdir()) == []
+    made = []
+    monkeypatch.setattr(checkpoint_writer, "make", lambda preset, folder, *args, layers, **kwargs: made.append(layers) or folder)
+    assert main(["checkpoint", "make", "--preset", "release", str(tmp_path / "r"), "--layers", "2"]) == 0
+    assert made == [2] and "the release preset's first 2 blocks as a MiniMax-H3 checkpoint folder" in capsys.readouterr().out

@@ -104,7 +104,8 @@ def _checkpoint_make(args) -> int:
                       layers=args.layers)
     except CheckpointError as error:
         return _refuse("checkpoint make", 2, str(error))
-    print(f"wrote {folder}: the {args.preset} preset as a MiniMax-H3 checkpoint folder (--h3-model={folder})")
+    what = f"the {args.preset} preset" + (f"'s first {args.layers} blocks" if args.layers else "")
+    print(f"wrote {folder}: {what} as a MiniMax-H3 checkpoint folder (--h3-model={folder})")
     return 0
 
 
