@@ -447,18 +447,18 @@ def _matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, *, bias: torc
     epilogue = dict(M_SPLIT=m.inner != m.count, HAS_BIAS=bias is not None, SILU_GRAD=z is not None,
                     INTERPRETED=INTERPRET)
     if k.count <= _SKINNY_ROWS:
-        b_silu, sum_a = False, False
+        b_silu, sum_a, sum_b = False, False, b_sums is not None
         if c.rows[1] == 1 and c.cols[1] != 1 and m.inner == m.count and bias is None and z is None:
             # C^T = B^T act(A)^T: tiles are written along their last axis, here C's contiguous one.
-            a, b, c, m, n, a_silu, b_silu, sum_a = b.T, a.T, c.T, _Axis.flat(n), m.count, False, a_silu, True
-        summed = b_sums is not None
+            a, b, c, m, n = b.T, a.T, c.T, _Axis.flat(n), m.count
+            a_silu, b_silu, sum_a, sum_b = False, a_silu, sum_b, False
         _OUTER(
             lambda meta: (triton.cdiv(m.count, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),),
-            a.t, b.t, c.t, *bias_args, b_sums if summed else c.t,
+            a.t, b.t, c.t, *bias_args, c.t if b_sums is None else b_sums,
             m.count, n, m.inner, k.count, k.inner,
             *a.rows, *a.cols, *b.rows, b.cols[1], *c.rows, c.cols[1],
-            0 if bias is None else bias.stride(0), *z_args, b_sums.stride(0) if summed else 0,
-            A_SILU=a_silu, B_SILU=b_silu, SUM_A=summed and sum_a, SUM_B=summed and not sum_a, **epilogue,
+            0 if bias is None else bias.stride(0), *z_args, 0 if b_sums is None else b_sums.stride(0),
+            A_SILU=a_silu, B_SILU=b_silu, SUM_A=sum_a, SUM_B=sum_b, **epilogue,
         )
         return
     skinny = m.count <= _SKINNY_ROWS
