@@ -8,7 +8,9 @@ Forward: one program per (query block, batch x head) sweeps the key blocks with 
 softmax scale is folded with log2(e) so each score costs one ``exp2``) and saves every row's base-2 max and log2
 of its sum. bfloat16 tensors whose rows and heads start on 16-byte boundaries (any contiguous (B, S, H, D)) are
 read through tensor descriptors (TMA): 0.94x cuDNN on an H200 at release shape against 0.89x for pointer loads
-(``benchmarks/results/h200-perf/attention-variants.log``). Full key tiles run unmasked; only the last partial
+(``benchmarks/results/h200-perf/attention-variants.log``). On Hopper GPUs the bfloat16 forward at head_dim 128
+runs :mod:`h3_triton.attention_hopper` instead, a Gluon kernel with the same arithmetic (bitwise the same
+outputs) scheduled as FlashAttention-3 does: 1.13x cuDNN at release shape. Full key tiles run unmasked; only the last partial
 tile pays for the mask, which keeps padded keys out of the softmax. Backward recomputes the probabilities from
 those two: a preprocess kernel for delta = rowsum(dO * O), one kernel for dK and dV per key block looping over
 query blocks (warp-specialised for tensors that descriptors can read: :func:`_dkdv_described_kernel`), one for dQ per
@@ -23,6 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
+from h3_triton import attention_hopper
 from h3_triton.interpret import INTERPRET, device_function, mma, to_dtype
 from h3_triton.tma import aligned, set_scratch_allocator
 from h3_triton.tuning import Launcher, configs
@@ -496,24 +499,43 @@ def _grid(B: int, H: int, S: int, block: str):
     return lambda meta: (triton.cdiv(S, meta[block]), B * H)
 
 
+def _forward_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The forward's output and its saved row max and log2 row sum, uninitialised."""
+    B, S, H, D = q.shape
+    row_max = torch.empty((B * H, S), dtype=torch.float32, device=q.device)
+    return torch.empty((B, S, H, D), dtype=q.dtype, device=q.device), row_max, torch.empty_like(row_max)
+
+
+def _qk_scale(D: int) -> float:
+    """The softmax scale 1/sqrt(D) times log2(e): scores are exponentiated in base 2."""
+    return (1.0 / math.sqrt(D)) * math.log2(math.e)
+
+
+def triton_forward(q, k, v, o, row_max, row_log_sum) -> None:
+    """The Triton forward kernel into ``o`` and the row statistics, whatever :func:`attention_hopper.applies` says
+    (the reference the Hopper kernel is compared with bitwise)."""
+    B, S, H, D = q.shape
+    described = _described(q, k, v, o)
+    if described:
+        set_scratch_allocator()
+    _fwd(
+        _grid(B, H, S, "BLOCK_M"),
+        q, k, v, o, row_max, row_log_sum,
+        *_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(o),
+        H, S, _qk_scale(D),
+        HEAD_DIM=D, DESCRIBED=described, UPCAST=INTERPRET, **_contraction(q.dtype),
+    )
+
+
 class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v):
-        B, S, H, D = q.shape
-        sm_scale = 1.0 / math.sqrt(D)
-        o = torch.empty((B, S, H, D), dtype=q.dtype, device=q.device)
-        row_max = torch.empty((B * H, S), dtype=torch.float32, device=q.device)
-        row_log_sum = torch.empty_like(row_max)
-        described = _described(q, k, v, o)
-        if described:
+        o, row_max, row_log_sum = _forward_outputs(q)
+        if _described(q, k, v, o) and attention_hopper.applies(q):
             set_scratch_allocator()
-        _fwd(
-            _grid(B, H, S, "BLOCK_M"),
-            q, k, v, o, row_max, row_log_sum,
-            *_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(o),
-            H, S, sm_scale * math.log2(math.e),
-            HEAD_DIM=D, DESCRIBED=described, UPCAST=INTERPRET, **_contraction(q.dtype),
-        )
+            attention_hopper.forward(q, k, v, o, row_max, row_log_sum, _qk_scale(q.shape[-1]))
+        else:
+            triton_forward(q, k, v, o, row_max, row_log_sum)
         ctx.save_for_backward(q, k, v, o, row_max, row_log_sum)
         return o
 
@@ -534,7 +556,7 @@ class _FlashAttention(torch.autograd.Function):
         dk = torch.empty_like(dq)
         dv = torch.empty_like(dq)
         common = (*_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(do),
-                  *_outer_strides(dq), H, S, sm_scale, sm_scale * math.log2(math.e))
+                  *_outer_strides(dq), H, S, sm_scale, _qk_scale(D))
         if _described(q, k, v, do, dk):
             set_scratch_allocator()
             _dkdv_described(

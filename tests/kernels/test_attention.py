@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from h3_triton import attention as attention_module
+from h3_triton import attention_hopper
 from h3_triton.attention import attention
 from h3_triton.interpret import INTERPRET
 from sm90 import compile_for_h200
@@ -209,6 +210,29 @@ for size, element in ((2, "*bf16"), (4, "*fp32")):
     if size in A._DKDV_DESCRIBED_ROWS:
         first_tiling(A._dkdv_described_kernel, A._DKDV_DESCRIBED_ROWS[size], ("BLOCK_M", "BLOCK_N"), tensors)
 """
+
+
+@pytest.mark.parametrize("S", [1, 63, 64, 65, 128, 129, 300, 1111])
+def test_hopper_forward_has_the_bits_of_the_triton_forward(S):
+    """On a Hopper GPU with Triton 3.6 the bfloat16 forward at head_dim 128 runs the Gluon kernel of
+    ``attention_hopper``, whose arithmetic is the Triton kernel's step for step: its output and saved row
+    statistics must be bitwise the Triton kernel's, for one or two query halves, partial and full last key tiles,
+    two batches, and q, k, v cut from one fused projection (outer strides not those of a contiguous tensor).
+    Gluon kernels do not run under the interpreter, which must never choose it."""
+    B, H, D = 2, 3, 128
+    fused = torch.randn((B, S, 3, H, D), generator=torch.Generator().manual_seed(S)).to(torch.bfloat16).to(DEVICE)
+    q, k, v = fused.unbind(2)
+    if INTERPRET:
+        assert not attention_hopper.applies(q)
+        return
+    if not attention_hopper.applies(q):
+        pytest.skip("the Gluon forward runs on compute capability 9.0 with Triton 3.6 only")
+    outputs = [attention_module._forward_outputs(q) for _ in range(2)]
+    attention_module.triton_forward(q, k, v, *outputs[0])
+    attention_module.set_scratch_allocator()
+    attention_hopper.forward(q, k, v, *outputs[1], attention_module._qk_scale(D))
+    for name, want, got in zip(("output", "row max", "log2 row sum"), *outputs):
+        assert torch.equal(got, want), f"{name}: max difference {(got.float() - want.float()).abs().max().item()}"
 
 
 def test_compiles_for_h200():
