@@ -66,8 +66,8 @@ def _pingpong_softmax(s, m_i, l_i, acc, qk_scale, tile, S, mma_layout: gl.conste
 
 
 @gluon.jit
-def _pingpong_step(ring, p, m_i, l_i, acc, zeros, j, S, qk_scale, STAGES: gl.constexpr, FIRST: gl.constexpr, mma_layout: gl.constexpr,
-                   p_layout: gl.constexpr, MASK: gl.constexpr):
+def _pingpong_step(ring, p, m_i, l_i, acc, zeros, j, S, qk_scale, STAGES: gl.constexpr, FIRST: gl.constexpr,
+                   mma_layout: gl.constexpr, p_layout: gl.constexpr, MASK: gl.constexpr):
     """One consumer's tile j + 1: on its turn it issues the scores of tile j + 1 and the P V of tile j together
     and hands the tensor cores to the other consumer; it then waits for both, frees tile j's stage and runs the
     softmax of tile j + 1 while the other consumer's products run."""
