@@ -10,13 +10,13 @@ of its sum. bfloat16 tensors whose rows and heads start on 16-byte boundaries (a
 read through tensor descriptors (TMA): 0.94x cuDNN on an H200 at release shape against 0.89x for pointer loads
 (``benchmarks/results/h200-perf/attention-variants.log``). On Hopper GPUs the bfloat16 forward at head_dim 128
 runs :mod:`h3_triton.attention_hopper` instead, a Gluon kernel with the same arithmetic (bitwise the same
-outputs) scheduled as FlashAttention-3 does: 1.13x cuDNN at release shape. Full key tiles run unmasked; only the
-last partial tile pays for the mask, which keeps padded keys out of the softmax. Backward recomputes the probabilities from
-those two: a preprocess kernel for delta = rowsum(dO * O), one kernel for dK and dV per key block looping over
-query blocks (warp-specialised for tensors that descriptors can read: :func:`_dkdv_described_kernel`), one for dQ per
-query block looping over key blocks. Each output element is written by exactly one program, so results are
-deterministic without atomics. Every dot goes through :func:`h3_triton.interpret.mma`,
-except that float32 scores are summed in float64 (:func:`_scores`).
+outputs) scheduled as FlashAttention-3 does: 1.13x cuDNN at release shape. Full key tiles run unmasked; only the last
+partial tile pays for the mask, which keeps padded keys out of the softmax. Backward recomputes the probabilities from
+those two: a preprocess kernel for delta = rowsum(dO * O), one kernel for dK and dV per key block looping over query
+blocks (warp-specialised for tensors that descriptors can read: :func:`_dkdv_described_kernel`), one for dQ per query
+block looping over key blocks. Each output element is written by exactly one program, so results are deterministic
+without atomics. Every dot goes through :func:`h3_triton.interpret.mma`, except that float32 scores are summed in
+float64 (:func:`_scores`).
 """
 
 import math
