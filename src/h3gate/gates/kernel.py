@@ -278,9 +278,12 @@ _DRAWS = {
         examples=({"rows": 467, "heads": 2, "head_dim": 32, "freq": 4, "rope": True, "batch": 1, "magnitude": 2.0},),
         edges=("rows",),
     ),
+    # The second example is the release head_dim, at which h3_triton's Hopper forward runs: two batches, a
+    # partial last key tile and a last query block whose second half is past the sequence.
     "attention": dict(
         dims=_attention_dims, build=_attention_build,
-        examples=({"rows": 467, "heads": 2, "head_dim": 32, "batch": 1, "peak": 2.0},),
+        examples=({"rows": 467, "heads": 2, "head_dim": 32, "batch": 1, "peak": 2.0},
+                  {"rows": 300, "heads": 3, "head_dim": 128, "batch": 2, "peak": 2.0}),
         edges=("rows",), long=("rows",),
     ),
     "swiglu": dict(dims=_swiglu_dims, build=_swiglu_build, examples=({"rows": 467, "f": 128, "batch": 1},),
