@@ -150,12 +150,14 @@ def _pingpong_consumer(args, HALF: gl.constexpr):
 
 @gluon.jit
 def _pingpong_first(consumer):
+    """The default partition (the kernel's own 4 warps): the first half of the query rows."""
     _pingpong_consumer(consumer, 0)
 
 
-# Worker partitions share one signature: each takes its part of (consumer, producer).
 @gluon.jit
 def _pingpong_second(workers):
+    """A worker partition: the second half. Workers share one signature, so each takes its part of
+    (consumer, producer)."""
     _pingpong_consumer(workers[0], 1)
 
 
@@ -177,12 +179,15 @@ def _pingpong_producer(workers):
 
 @gluon.jit
 def _head_descriptor(ptr, head, S, stride_s, ROWS: gl.constexpr, HEAD_DIM: gl.constexpr, layout: gl.constexpr):
+    """A tensor descriptor of one head's (S, HEAD_DIM) matrix, ROWS rows a tile (rows past S read as zeros and
+    are not written)."""
     return tma.make_tensor_descriptor(ptr + head, shape=[S, HEAD_DIM], strides=[stride_s, 1],
                                       block_shape=[ROWS, HEAD_DIM], layout=layout)
 
 
 @gluon.jit
 def _head(pid_bh, H, stride_b, stride_h):
+    """Offset of (batch, head) ``pid_bh`` in a (B, S, H, D) tensor, in int64."""
     return (pid_bh // H).to(gl.int64) * stride_b + (pid_bh % H).to(gl.int64) * stride_h
 
 
