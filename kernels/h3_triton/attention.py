@@ -531,7 +531,7 @@ class _FlashAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v):
         o, row_max, row_log_sum = _forward_outputs(q)
-        if _described(q, k, v, o) and attention_hopper.applies(q):
+        if attention_hopper.applies(q) and _described(q, k, v, o):  # else triton_forward checks the layout
             set_scratch_allocator()
             attention_hopper.forward(q, k, v, o, row_max, row_log_sum, _qk_scale(q.shape[-1]))
         else:
