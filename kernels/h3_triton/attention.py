@@ -543,38 +543,61 @@ class _FlashAttention(torch.autograd.Function):
     def backward(ctx, do):
         q, k, v, o, row_max, row_log_sum = ctx.saved_tensors
         B, S, H, D = q.shape
-        sm_scale = 1.0 / math.sqrt(D)
         if do.stride(-1) != 1:  # autograd may hand a broadcast gradient (stride 0); the kernels need stride 1
             do = do.contiguous()
-        delta = torch.empty_like(row_max)
-        _delta(
-            _grid(B, H, S, "BLOCK_M"),
-            o, do, delta, *_outer_strides(o), *_outer_strides(do), H, S,
-            HEAD_DIM=D, UPCAST=INTERPRET, **_contraction(q.dtype),
-        )
+        delta = row_delta(o, do)
         dq = torch.empty((B, S, H, D), dtype=q.dtype, device=q.device)
         dk = torch.empty_like(dq)
         dv = torch.empty_like(dq)
-        common = (*_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(do),
-                  *_outer_strides(dq), H, S, sm_scale, _qk_scale(D))
-        if _described(q, k, v, do, dk):
+        if attention_hopper.applies(q) and _described(q, k, v, do, dk):  # else triton_dkdv checks the layout
             set_scratch_allocator()
-            _dkdv_described(
-                _grid(B, H, S, "BLOCK_N"),
-                q, k, v, do, row_max, row_log_sum, delta, dk, dv, *common, HEAD_DIM=D, UPCAST=INTERPRET,
-            )
+            attention_hopper.dkdv(q, k, v, do, row_max, row_log_sum, delta, dk, dv, 1.0 / math.sqrt(D), _qk_scale(D))
         else:
-            _dkdv(
-                _grid(B, H, S, "BLOCK_N"),
-                q, k, v, do, row_max, row_log_sum, delta, dk, dv, *common,
-                HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET, **_contraction(q.dtype),
-            )
+            triton_dkdv(q, k, v, do, row_max, row_log_sum, delta, dk, dv)
         _dq(
             _grid(B, H, S, "BLOCK_M"),
-            q, k, v, do, row_max, row_log_sum, delta, dq, *common,
+            q, k, v, do, row_max, row_log_sum, delta, dq, *_backward_strides(q, k, v, do, dq),
             HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET, **_contraction(q.dtype),
         )
         return dq, dk, dv
+
+
+def row_delta(o: torch.Tensor, do: torch.Tensor) -> torch.Tensor:
+    """delta = rowsum(dO * O) of every (batch x head, query row), float32 (:func:`_delta_kernel`)."""
+    B, S, H, D = o.shape
+    delta = torch.empty((B * H, S), dtype=torch.float32, device=o.device)
+    _delta(
+        _grid(B, H, S, "BLOCK_M"),
+        o, do, delta, *_outer_strides(o), *_outer_strides(do), H, S,
+        HEAD_DIM=D, UPCAST=INTERPRET, **_contraction(o.dtype),
+    )
+    return delta
+
+
+def _backward_strides(q, k, v, do, grad) -> tuple:
+    """The backward kernels' stride and scale arguments; every gradient shares ``grad``'s strides."""
+    B, S, H, D = q.shape
+    return (*_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(do), *_outer_strides(grad),
+            H, S, 1.0 / math.sqrt(D), _qk_scale(D))
+
+
+def triton_dkdv(q, k, v, do, row_max, row_log_sum, delta, dk, dv) -> None:
+    """The Triton dK/dV kernel into ``dk`` and ``dv`` (one contiguous allocation's strides), whatever
+    :func:`attention_hopper.applies` says (the reference the Hopper kernel is compared with bitwise)."""
+    B, S, H, D = q.shape
+    common = _backward_strides(q, k, v, do, dk)
+    if _described(q, k, v, do, dk):
+        set_scratch_allocator()
+        _dkdv_described(
+            _grid(B, H, S, "BLOCK_N"),
+            q, k, v, do, row_max, row_log_sum, delta, dk, dv, *common, HEAD_DIM=D, UPCAST=INTERPRET,
+        )
+    else:
+        _dkdv(
+            _grid(B, H, S, "BLOCK_N"),
+            q, k, v, do, row_max, row_log_sum, delta, dk, dv, *common,
+            HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET, **_contraction(q.dtype),
+        )
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

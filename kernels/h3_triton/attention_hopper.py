@@ -246,3 +246,189 @@ def forward(q, k, v, o, row_max, row_log_sum, qk_scale: float) -> None:
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], H, S, qk_scale,
         HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, num_warps=4, maxnreg=168,
     )
+
+
+# The backward's dK and dV ------------------------------------------------------------------------------------
+
+DKDV_BLOCK_M = 64  # query rows a stage: both consumers' S^T and dP^T tiles are 64 x 64
+DKDV_BLOCK_N = 128  # keys a program: two consumers of 64
+DKDV_STAGES = 2
+
+
+@gluon.jit
+def _dkdv_consumer(args, HALF: gl.constexpr):
+    """Keys [HALF * 64, HALF * 64 + 64) of the key block: one warp group's dK and dV over every query tile."""
+    (k_desc, v_desc, dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bars,
+     q_ready, do_ready, empty, pid_n, S, sm_scale, qk_scale) = args
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[1]
+    HEAD_DIM: gl.constexpr = q_smem.type.shape[2]
+    KEYS: gl.constexpr = k_smem.type.shape[1]
+    scores_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                            instr_shape=[16, BLOCK_M, 16])
+    grads_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, HEAD_DIM, 16])
+    operand_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=grads_layout, k_width=2)
+    queries_layout: gl.constexpr = gl.SliceLayout(0, scores_layout)
+    k_half = k_smem.index(HALF)
+    v_half = v_smem.index(HALF)
+    row0 = pid_n * 2 * KEYS + HALF * KEYS
+
+    bar = kv_bars.index(HALF)
+    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [row0, 0], bar, k_half)
+    tma.async_copy_global_to_shared(v_desc, [row0, 0], bar, v_half)
+    mbarrier.wait(bar, 0)
+    zeros = gl.zeros([KEYS, BLOCK_M], gl.float32, scores_layout)
+    dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, grads_layout)
+    dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, grads_layout)
+    for i in range(gl.cdiv(S, BLOCK_M)):
+        stage = i % STAGES
+        phase = (i // STAGES) & 1
+        q_tile = q_smem.index(stage)
+        do_tile = do_smem.index(stage)
+        mbarrier.wait(q_ready.index(stage), phase)
+        s_t = warpgroup_mma(k_half, q_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        mbarrier.wait(do_ready.index(stage), phase)
+        dp_t = warpgroup_mma(v_half, do_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        s_t = warpgroup_mma_wait(1, deps=(s_t,))
+        lse = lse_smem.index(stage).load(queries_layout)
+        p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
+        dv = warpgroup_mma(gl.convert_layout(p_t.to(gl.bfloat16), operand_layout), do_tile, dv, is_async=True)
+        dp_t = warpgroup_mma_wait(1, deps=(dp_t,))
+        delta = delta_smem.index(stage).load(queries_layout)
+        ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+        dk = warpgroup_mma(gl.convert_layout(ds_t.to(gl.bfloat16), operand_layout), q_tile, dk, is_async=True)
+        dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+        mbarrier.arrive(empty.index(stage), count=1)
+
+    k_half.store((dk * sm_scale).to(gl.bfloat16))  # its keys are no longer read: the tiles stage the gradients
+    v_half.store(dv.to(gl.bfloat16))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [row0, 0], k_half)
+    tma.async_copy_shared_to_global(dv_desc, [row0, 0], v_half)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _dkdv_first(consumer):
+    """The default partition: the first half of the keys."""
+    _dkdv_consumer(consumer, 0)
+
+
+@gluon.jit
+def _dkdv_second(workers):
+    """A worker partition: the second half of the keys."""
+    _dkdv_consumer(workers[0], 1)
+
+
+@gluon.jit
+def _dkdv_producer(workers):
+    """One warp streaming query tiles with their row terms, and dO tiles with theirs, through the ring; a stage is
+    refilled once both consumers have freed it."""
+    (q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready, empty,
+     S) = workers[1]
+    STAGES: gl.constexpr = q_smem.type.shape[0]
+    BLOCK_M: gl.constexpr = q_smem.type.shape[1]
+    for i in range(gl.cdiv(S, BLOCK_M)):
+        stage = i % STAGES
+        mbarrier.wait(empty.index(stage), ((i // STAGES) & 1) ^ 1)
+        ready = q_ready.index(stage)
+        mbarrier.expect(ready, q_desc.block_type.nbytes + lse_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [i * BLOCK_M, 0], ready, q_smem.index(stage))
+        tma.async_copy_global_to_shared(lse_desc, [i * BLOCK_M], ready, lse_smem.index(stage))
+        ready = do_ready.index(stage)
+        mbarrier.expect(ready, do_desc.block_type.nbytes + delta_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(do_desc, [i * BLOCK_M, 0], ready, do_smem.index(stage))
+        tma.async_copy_global_to_shared(delta_desc, [i * BLOCK_M], ready, delta_smem.index(stage))
+
+
+@gluon.jit
+def _row_terms_descriptor(ptr, pid_bh, S_PADDED, BLOCK_M: gl.constexpr):
+    """A tensor descriptor of one (batch, head)'s row of a (B * H, S_PADDED) float32 matrix, BLOCK_M at a time."""
+    return tma.make_tensor_descriptor(ptr + pid_bh.to(gl.int64) * S_PADDED, shape=[S_PADDED], strides=[1],
+                                      block_shape=[BLOCK_M],
+                                      layout=gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
+
+
+@gluon.jit
+def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
+                 stride_qb, stride_qs, stride_qh,
+                 stride_kb, stride_ks, stride_kh,
+                 stride_vb, stride_vs, stride_vh,
+                 stride_dob, stride_dos, stride_doh,
+                 stride_gb, stride_gs, stride_gh,
+                 H, S, S_PADDED, sm_scale, qk_scale,
+                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """dK and dV of one key block of one (batch, head): :func:`h3_triton.attention._dkdv_described_kernel`'s
+    arguments, with the row terms padded (:func:`dkdv`)."""
+    pid_n = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    KEYS: gl.constexpr = BLOCK_N // 2
+    rows_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM], gl.bfloat16)
+    keys_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([KEYS, HEAD_DIM], gl.bfloat16)
+    terms_layout: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1)
+    q_desc = _head_descriptor(Q, _head(pid_bh, H, stride_qb, stride_qh), S, stride_qs, BLOCK_M, HEAD_DIM,
+                              rows_layout)
+    do_desc = _head_descriptor(DO, _head(pid_bh, H, stride_dob, stride_doh), S, stride_dos, BLOCK_M, HEAD_DIM,
+                               rows_layout)
+    k_desc = _head_descriptor(K, _head(pid_bh, H, stride_kb, stride_kh), S, stride_ks, KEYS, HEAD_DIM, keys_layout)
+    v_desc = _head_descriptor(V, _head(pid_bh, H, stride_vb, stride_vh), S, stride_vs, KEYS, HEAD_DIM, keys_layout)
+    grads = _head(pid_bh, H, stride_gb, stride_gh)
+    dk_desc = _head_descriptor(DK, grads, S, stride_gs, KEYS, HEAD_DIM, keys_layout)
+    dv_desc = _head_descriptor(DV, grads, S, stride_gs, KEYS, HEAD_DIM, keys_layout)
+    lse_desc = _row_terms_descriptor(LSE, pid_bh, S_PADDED, BLOCK_M)
+    delta_desc = _row_terms_descriptor(DELTA, pid_bh, S_PADDED, BLOCK_M)
+
+    k_smem = gl.allocate_shared_memory(gl.bfloat16, [2, KEYS, HEAD_DIM], keys_layout)
+    v_smem = gl.allocate_shared_memory(gl.bfloat16, [2, KEYS, HEAD_DIM], keys_layout)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, HEAD_DIM], rows_layout)
+    do_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, HEAD_DIM], rows_layout)
+    lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], terms_layout)
+    delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], terms_layout)
+    kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(kv_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(q_ready.index(i), count=1)
+        mbarrier.init(do_ready.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    consumer = (k_desc, v_desc, dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bars,
+                q_ready, do_ready, empty, pid_n, S, sm_scale, qk_scale)
+    producer = (q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready,
+                empty, S)
+    gl.warp_specialize([
+        (_dkdv_first, (consumer,)),
+        (_dkdv_second, ((consumer, producer),)),
+        (_dkdv_producer, ((consumer, producer),)),
+    ], [4, 1], [240, 24])
+
+
+def padded_row_terms(row_max, row_log_sum, delta) -> tuple[torch.Tensor, torch.Tensor]:
+    """The row terms of :func:`dkdv`: row max + log2 row sum (the sum the Triton kernel forms, so P has its bits)
+    and delta, each (B * H, S) padded with zeros to a whole number of query tiles, so every tile's terms are one
+    TMA load (whose rows must start on 16 bytes). Padded rows read as zeros, as the Triton kernel's masked loads."""
+    BH, S = row_max.shape
+    terms = torch.zeros((2, BH, triton.cdiv(S, DKDV_BLOCK_M) * DKDV_BLOCK_M), dtype=torch.float32,
+                        device=row_max.device)
+    torch.add(row_max, row_log_sum, out=terms[0, :, :S])
+    terms[1, :, :S] = delta
+    return terms[0], terms[1]
+
+
+def dkdv(q, k, v, do, row_max, row_log_sum, delta, dk, dv, sm_scale: float, qk_scale: float,
+         stages: int = DKDV_STAGES) -> None:
+    """Fills ``dk`` and ``dv`` (one contiguous allocation's strides) as
+    :func:`h3_triton.attention._dkdv_described_kernel` does; the caller has set the scratch allocator.
+    ``stages``: query tiles in flight (benchmarks compare them)."""
+    B, S, H, _ = q.shape
+    lse, padded_delta = padded_row_terms(row_max, row_log_sum, delta)
+    _dkdv_kernel[(triton.cdiv(S, DKDV_BLOCK_N), B * H)](
+        q, k, v, do, lse, padded_delta, dk, dv,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3],
+        H, S, lse.shape[1], sm_scale, qk_scale,
+        HEAD_DIM=HEAD_DIM, BLOCK_M=DKDV_BLOCK_M, BLOCK_N=DKDV_BLOCK_N, STAGES=stages, num_warps=4, maxnreg=168,
+    )
