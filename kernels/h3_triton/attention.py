@@ -549,16 +549,15 @@ class _FlashAttention(torch.autograd.Function):
         dq = torch.empty((B, S, H, D), dtype=q.dtype, device=q.device)
         dk = torch.empty_like(dq)
         dv = torch.empty_like(dq)
+        saved = (q, k, v, do, row_max, row_log_sum, delta)
         if attention_hopper.applies(q) and _described(q, k, v, do, dk):  # else triton_dkdv checks the layout
             set_scratch_allocator()
-            attention_hopper.dkdv(q, k, v, do, row_max, row_log_sum, delta, dk, dv, 1.0 / math.sqrt(D), _qk_scale(D))
+            scales = (1.0 / math.sqrt(D), _qk_scale(D))
+            attention_hopper.dkdv(*saved, dk, dv, *scales)
+            attention_hopper.dq(*saved, dq, *scales)
         else:
-            triton_dkdv(q, k, v, do, row_max, row_log_sum, delta, dk, dv)
-        _dq(
-            _grid(B, H, S, "BLOCK_M"),
-            q, k, v, do, row_max, row_log_sum, delta, dq, *_backward_strides(q, k, v, do, dq),
-            HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET, **_contraction(q.dtype),
-        )
+            triton_dkdv(*saved, dk, dv)
+            triton_dq(*saved, dq)
         return dq, dk, dv
 
 
@@ -579,6 +578,17 @@ def _backward_strides(q, k, v, do, grad) -> tuple:
     B, S, H, D = q.shape
     return (*_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(do), *_outer_strides(grad),
             H, S, 1.0 / math.sqrt(D), _qk_scale(D))
+
+
+def triton_dq(q, k, v, do, row_max, row_log_sum, delta, dq) -> None:
+    """The Triton dQ kernel into ``dq``, whatever :func:`attention_hopper.applies` says (the reference the Hopper
+    kernel is compared with bitwise)."""
+    B, S, H, D = q.shape
+    _dq(
+        _grid(B, H, S, "BLOCK_M"),
+        q, k, v, do, row_max, row_log_sum, delta, dq, *_backward_strides(q, k, v, do, dq),
+        HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET, **_contraction(q.dtype),
+    )
 
 
 def triton_dkdv(q, k, v, do, row_max, row_log_sum, delta, dk, dv) -> None:

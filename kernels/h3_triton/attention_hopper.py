@@ -43,6 +43,20 @@ def applies(q: torch.Tensor) -> bool:
             and torch.cuda.get_device_capability(q.device) == (9, 0))
 
 
+@gluon.constexpr_function
+def _wgmma_layout(columns):
+    """The accumulator layout of one warp group's wgmma over ``columns`` output columns."""
+    return gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, columns, 16])
+
+
+@gluon.jit
+def _load_two(bar, a_desc, a_smem, b_desc, b_smem, row):
+    """TMA loads of the tiles of two descriptors at ``row`` into shared memory, both completing on ``bar``."""
+    mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(a_desc, [row, 0], bar, a_smem)
+    tma.async_copy_global_to_shared(b_desc, [row, 0], bar, b_smem)
+
+
 @gluon.jit
 def _softmax_tile(s, m_i, l_i, qk_scale):
     """One key tile of the online softmax: P (float32), the new row max and sum, and the accumulator's rescale."""
@@ -98,8 +112,7 @@ def _pingpong_consumer(args, HALF: gl.constexpr):
     # The first half takes the first turn: a fresh mbarrier reads as having completed a phase of parity 1, so
     # turn t waits for parity (t & 1) ^ FIRST.
     FIRST: gl.constexpr = 1 - HALF
-    mma_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                         instr_shape=[16, BLOCK_N, 16])
+    mma_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     my_turn = turns.index(HALF)
@@ -162,9 +175,9 @@ def _pingpong_second(workers):
 
 
 @gluon.jit
-def _pingpong_producer(workers):
+def _key_value_producer(workers):
     """One warp streaming the key and value tiles through the ring; a stage is refilled once both consumers
-    have freed it."""
+    have freed it (the forward's and dQ's producer)."""
     (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, S) = workers[1]
     STAGES: gl.constexpr = k_smem.type.shape[0]
     BLOCK_N: gl.constexpr = k_smem.type.shape[1]
@@ -232,7 +245,7 @@ def _forward_kernel(Q, K, V, O, ROW_MAX, ROW_LOG_SUM,
     gl.warp_specialize([
         (_pingpong_first, (consumer,)),
         (_pingpong_second, ((consumer, producer),)),
-        (_pingpong_producer, ((consumer, producer),)),
+        (_key_value_producer, ((consumer, producer),)),
     ], [4, 1], [240, 24])
 
 
@@ -264,21 +277,16 @@ def _dkdv_consumer(args, HALF: gl.constexpr):
     BLOCK_M: gl.constexpr = q_smem.type.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[2]
     KEYS: gl.constexpr = k_smem.type.shape[1]
-    scores_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                            instr_shape=[16, BLOCK_M, 16])
-    grads_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                           instr_shape=[16, HEAD_DIM, 16])
+    scores_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
+    grads_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
     operand_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=grads_layout, k_width=2)
     queries_layout: gl.constexpr = gl.SliceLayout(0, scores_layout)
     k_half = k_smem.index(HALF)
     v_half = v_smem.index(HALF)
     row0 = pid_n * 2 * KEYS + HALF * KEYS
 
-    bar = kv_bars.index(HALF)
-    mbarrier.expect(bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-    tma.async_copy_global_to_shared(k_desc, [row0, 0], bar, k_half)
-    tma.async_copy_global_to_shared(v_desc, [row0, 0], bar, v_half)
-    mbarrier.wait(bar, 0)
+    _load_two(kv_bars.index(HALF), k_desc, k_half, v_desc, v_half, row0)
+    mbarrier.wait(kv_bars.index(HALF), 0)
     zeros = gl.zeros([KEYS, BLOCK_M], gl.float32, scores_layout)
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, grads_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, grads_layout)
@@ -431,4 +439,136 @@ def dkdv(q, k, v, do, row_max, row_log_sum, delta, dk, dv, sm_scale: float, qk_s
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3],
         H, S, lse.shape[1], sm_scale, qk_scale,
         HEAD_DIM=HEAD_DIM, BLOCK_M=DKDV_BLOCK_M, BLOCK_N=DKDV_BLOCK_N, STAGES=stages, num_warps=4, maxnreg=168,
+    )
+
+
+# The backward's dQ ----------------------------------------------------------------------------------------
+
+DQ_BLOCK_M = 128  # query rows a program: two consumers of 64
+DQ_BLOCK_N = 64  # keys a stage
+DQ_STAGES = 2
+
+
+@gluon.jit
+def _dq_consumer(args, HALF: gl.constexpr):
+    """Rows [HALF * 64, HALF * 64 + 64) of the query block: one warp group's dQ over every key tile."""
+    (q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
+     ROW_MAX, ROW_LOG_SUM, DELTA, pid_m, pid_bh, S, sm_scale, qk_scale) = args
+    STAGES: gl.constexpr = k_smem.type.shape[0]
+    BLOCK_N: gl.constexpr = k_smem.type.shape[1]
+    HEAD_DIM: gl.constexpr = k_smem.type.shape[2]
+    ROWS: gl.constexpr = q_smem.type.shape[1]
+    scores_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
+    dq_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
+    operand_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
+    rows_layout: gl.constexpr = gl.SliceLayout(1, scores_layout)
+    q_half = q_smem.index(HALF)
+    do_half = do_smem.index(HALF)
+    row0 = pid_m * 2 * ROWS + HALF * ROWS
+
+    _load_two(q_bars.index(HALF), q_desc, q_half, do_desc, do_half, row0)
+    rows = row0 + gl.arange(0, ROWS, layout=rows_layout)
+    rows_at = pid_bh.to(gl.int64) * S + rows
+    in_seq = rows < S
+    lse = gl.load(ROW_MAX + rows_at, mask=in_seq, other=0.0) + gl.load(ROW_LOG_SUM + rows_at, mask=in_seq, other=0.0)
+    delta = gl.load(DELTA + rows_at, mask=in_seq, other=0.0)
+    zeros = gl.zeros([ROWS, BLOCK_N], gl.float32, scores_layout)
+    dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, dq_layout)
+    mbarrier.wait(q_bars.index(HALF), 0)
+    n_tiles = gl.cdiv(S, BLOCK_N)
+    for j in range(n_tiles):
+        stage = j % STAGES
+        phase = (j // STAGES) & 1
+        k_tile = k_smem.index(stage)
+        mbarrier.wait(k_ready.index(stage), phase)
+        s = warpgroup_mma(q_half, k_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(stage), phase)
+        dp = warpgroup_mma(do_half, v_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s,))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
+        if j == n_tiles - 1:  # only the last key tile has keys past S
+            keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, scores_layout))
+            p = gl.where(gl.expand_dims(keys < S, 0), p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=(dp,))
+        ds = p * (dp - gl.expand_dims(delta, 1))
+        dq = warpgroup_mma(gl.convert_layout(ds.to(gl.bfloat16), operand_layout), k_tile, dq, is_async=True)
+        dq = warpgroup_mma_wait(0, deps=(dq,))
+        mbarrier.arrive(kv_empty.index(stage), count=1)
+
+    q_half.store((dq * sm_scale).to(gl.bfloat16))  # its Q is no longer read: the tile stages dQ
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dq_desc, [row0, 0], q_half)
+    tma.store_wait(0)
+
+
+@gluon.jit
+def _dq_first(consumer):
+    """The default partition: the first half of the query rows."""
+    _dq_consumer(consumer, 0)
+
+
+@gluon.jit
+def _dq_second(workers):
+    """A worker partition: the second half of the query rows."""
+    _dq_consumer(workers[0], 1)
+
+
+@gluon.jit
+def _dq_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DQ,
+               stride_qb, stride_qs, stride_qh,
+               stride_kb, stride_ks, stride_kh,
+               stride_vb, stride_vs, stride_vh,
+               stride_dob, stride_dos, stride_doh,
+               stride_gb, stride_gs, stride_gh,
+               H, S, sm_scale, qk_scale,
+               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """dQ of one query block of one (batch, head): :func:`h3_triton.attention._dq_kernel`'s arguments."""
+    pid_m = gl.program_id(0)
+    pid_bh = gl.program_id(1)
+    ROWS: gl.constexpr = BLOCK_M // 2
+    half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], gl.bfloat16)
+    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.bfloat16)
+    q_desc = _head_descriptor(Q, _head(pid_bh, H, stride_qb, stride_qh), S, stride_qs, ROWS, HEAD_DIM, half_layout)
+    do_desc = _head_descriptor(DO, _head(pid_bh, H, stride_dob, stride_doh), S, stride_dos, ROWS, HEAD_DIM,
+                               half_layout)
+    dq_desc = _head_descriptor(DQ, _head(pid_bh, H, stride_gb, stride_gh), S, stride_gs, ROWS, HEAD_DIM,
+                               half_layout)
+    k_desc = _head_descriptor(K, _head(pid_bh, H, stride_kb, stride_kh), S, stride_ks, BLOCK_N, HEAD_DIM,
+                              tile_layout)
+    v_desc = _head_descriptor(V, _head(pid_bh, H, stride_vb, stride_vh), S, stride_vs, BLOCK_N, HEAD_DIM,
+                              tile_layout)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS, HEAD_DIM], half_layout)
+    do_smem = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS, HEAD_DIM], half_layout)
+    k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], tile_layout)
+    v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], tile_layout)
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(q_bars.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(k_ready.index(i), count=1)
+        mbarrier.init(v_ready.index(i), count=1)
+        mbarrier.init(kv_empty.index(i), count=2)
+    consumer = (q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
+                ROW_MAX, ROW_LOG_SUM, DELTA, pid_m, pid_bh, S, sm_scale, qk_scale)
+    producer = (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, S)
+    gl.warp_specialize([
+        (_dq_first, (consumer,)),
+        (_dq_second, ((consumer, producer),)),
+        (_key_value_producer, ((consumer, producer),)),
+    ], [4, 1], [240, 24])
+
+
+def dq(q, k, v, do, row_max, row_log_sum, delta, dq, sm_scale: float, qk_scale: float,
+       stages: int = DQ_STAGES) -> None:
+    """Fills ``dq`` as :func:`h3_triton.attention._dq_kernel` does; the caller has set the scratch allocator.
+    ``stages``: key tiles in flight (benchmarks compare them)."""
+    B, S, H, _ = q.shape
+    _dq_kernel[(triton.cdiv(S, DQ_BLOCK_M), B * H)](
+        q, k, v, do, row_max, row_log_sum, delta, dq,
+        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
+        H, S, sm_scale, qk_scale,
+        HEAD_DIM=HEAD_DIM, BLOCK_M=DQ_BLOCK_M, BLOCK_N=DQ_BLOCK_N, STAGES=stages, num_warps=4, maxnreg=168,
     )

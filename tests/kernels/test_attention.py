@@ -212,11 +212,17 @@ for size, element in ((2, "*bf16"), (4, "*fp32")):
 """
 
 
-def fused_heads(S, seed):
+def hopper_heads(S):
     """bfloat16 q, k, v of (2, S, 3, 128) cut from one fused projection (outer strides not those of a contiguous
-    tensor), on the device."""
-    fused = torch.randn((2, S, 3, 3, 128), generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
-    return fused.to(DEVICE).unbind(2)
+    tensor), where the Gluon kernels run; under the interpreter, None after asserting it never chooses them."""
+    fused = torch.randn((2, S, 3, 3, 128), generator=torch.Generator().manual_seed(S)).to(torch.bfloat16)
+    q, k, v = fused.to(DEVICE).unbind(2)
+    if INTERPRET:
+        assert not attention_hopper.applies(q)
+        return None
+    if not attention_hopper.applies(q):
+        pytest.skip("the Gluon kernels run on compute capability 9.0 with Triton 3.6 only")
+    return q, k, v
 
 
 @pytest.mark.parametrize("S", [1, 63, 64, 65, 128, 129, 300, 1111])
@@ -226,12 +232,10 @@ def test_hopper_forward_has_the_bits_of_the_triton_forward(S):
     statistics must be bitwise the Triton kernel's, for one or two query halves, partial and full last key tiles,
     two batches, and q, k, v cut from one fused projection (outer strides not those of a contiguous tensor).
     Gluon kernels do not run under the interpreter, which must never choose it."""
-    q, k, v = fused_heads(S, S)
-    if INTERPRET:
-        assert not attention_hopper.applies(q)
+    heads = hopper_heads(S)
+    if heads is None:
         return
-    if not attention_hopper.applies(q):
-        pytest.skip("the Gluon forward runs on compute capability 9.0 with Triton 3.6 only")
+    q, k, v = heads
     outputs = [attention_module._forward_outputs(q) for _ in range(2)]
     attention_module.triton_forward(q, k, v, *outputs[0])
     attention_module.set_scratch_allocator()
@@ -241,29 +245,29 @@ def test_hopper_forward_has_the_bits_of_the_triton_forward(S):
 
 
 @pytest.mark.parametrize("S", [1, 63, 64, 65, 128, 129, 300, 1111])
-def test_hopper_dkdv_has_the_bits_of_the_triton_dkdv(S):
-    """On a Hopper GPU with Triton 3.6 the bfloat16 backward at head_dim 128 computes dK and dV with the Gluon
-    kernel of ``attention_hopper``, whose products are the Triton kernel's in the same order: dK and dV must be
-    bitwise the Triton kernel's, for one or two key halves, partial and full last query tiles (whose padded row
-    terms must vanish) and two batches; dO is a strided view as autograd may hand it. The interpreter must never
-    choose it."""
-    q, k, v = fused_heads(S, S)
-    if INTERPRET:
-        assert not attention_hopper.applies(q)
+def test_hopper_backward_has_the_bits_of_the_triton_backward(S):
+    """On a Hopper GPU with Triton 3.6 the bfloat16 backward at head_dim 128 computes dK, dV and dQ with the Gluon
+    kernels of ``attention_hopper``, whose products are the Triton kernels' in the same order: the gradients must
+    be bitwise the Triton kernels', for one or two halves of a key or query block, partial and full last tiles
+    (padded rows and keys must vanish) and two batches; dO is a strided view as autograd may hand it. The
+    interpreter must never choose them."""
+    heads = hopper_heads(S)
+    if heads is None:
         return
-    if not attention_hopper.applies(q):
-        pytest.skip("the Gluon kernels run on compute capability 9.0 with Triton 3.6 only")
+    q, k, v = heads
     do = torch.randn((2, S, 3, 256), generator=torch.Generator().manual_seed(10_000 + S)).to(torch.bfloat16)
     do = do.to(DEVICE)[..., 64:192]
     o, row_max, row_log_sum = attention_module._forward_outputs(q)
     attention_module.triton_forward(q, k, v, o, row_max, row_log_sum)
-    delta = attention_module.row_delta(o, do)
-    grads = [torch.empty((2, 2, S, 3, 128), dtype=q.dtype, device=DEVICE).unbind(0) for _ in range(2)]
-    attention_module.triton_dkdv(q, k, v, do, row_max, row_log_sum, delta, *grads[0])
+    saved = (q, k, v, do, row_max, row_log_sum, attention_module.row_delta(o, do))
+    grads = [torch.empty((3, 2, S, 3, 128), dtype=q.dtype, device=DEVICE).unbind(0) for _ in range(2)]
+    attention_module.triton_dkdv(*saved, *grads[0][:2])
+    attention_module.triton_dq(*saved, grads[0][2])
     attention_module.set_scratch_allocator()
-    attention_hopper.dkdv(q, k, v, do, row_max, row_log_sum, delta, *grads[1], 1 / math.sqrt(128),
-                          attention_module._qk_scale(128))
-    for name, want, got in zip(("dk", "dv"), *grads):
+    scales = (1 / math.sqrt(128), attention_module._qk_scale(128))
+    attention_hopper.dkdv(*saved, *grads[1][:2], *scales)
+    attention_hopper.dq(*saved, grads[1][2], *scales)
+    for name, want, got in zip(("dk", "dv", "dq"), *grads):
         assert torch.equal(got, want), f"{name}: max difference {(got.float() - want.float()).abs().max().item()}"
 
 
