@@ -1,8 +1,9 @@
-"""The attention forward on Hopper GPUs, written in Gluon (Triton's explicit layer: mbarriers, TMA and
-asynchronous wgmma by hand), for bfloat16 tensors with head_dim 128 that tensor descriptors can read.
+"""Attention on Hopper GPUs, written in Gluon (Triton's explicit layer: mbarriers, TMA and asynchronous wgmma by
+hand), for bfloat16 tensors with head_dim 128 that tensor descriptors can read: the forward, and the backward's
+dK/dV and dQ kernels.
 
 Triton's compiler runs both warp groups of :func:`h3_triton.attention._fwd_kernel` in lockstep, so the tensor
-cores wait while the softmax runs. This kernel schedules FlashAttention-3's way: two consumer warp groups of 64
+cores wait while the softmax runs. The forward schedules FlashAttention-3's way: two consumer warp groups of 64
 query rows each take turns at the tensor cores (a pair of mbarriers passes the turn), so one's softmax runs while
 the other's products do; on its turn a consumer issues the scores of key tile j + 1 together with the P V of
 tile j. A producer warp streams key and value tiles through a ring of three TMA stages, refilling a stage once
@@ -13,10 +14,17 @@ masked), so the output and the saved row statistics are bitwise those of the Tri
 67.3-67.7 ms (619-623 TFLOP/s) against the Triton kernel's 75.1 ms and cuDNN's 73.3-75.9 ms
 (``benchmarks/results/h200-perf/attention-fwd-gluon.log``, ``benchmarks/results/h200-release.json``).
 
-It runs where :func:`applies`: a GPU of compute capability 9.0 (wgmma is Hopper's instruction) with Triton 3.6,
-the release it is written and qualified against (Gluon is experimental: Triton 3.9 no longer has the TMA copy it
-calls). Everywhere else (other GPUs, other Triton releases, the CPU interpreter, float32, other head_dims) the
-Triton kernel runs.
+The backward keeps h3_triton's deterministic split (no two programs add into one element): a dK/dV kernel whose
+two consumer warp groups own 64 keys each of a 128-key block while a producer warp streams query and dO tiles,
+with their row terms, through TMA stages; and a dQ kernel whose two consumers own 64 query rows each while the
+producer streams key and value tiles. P^T, dS^T and dS reach wgmma from registers. The products are the Triton
+kernels' in the same order, so dK, dV and dQ are bitwise theirs (the same test; at release shape
+``benchmarks/attention_bwd_gluon.py``).
+
+They run where :func:`applies`: a GPU of compute capability 9.0 (wgmma is Hopper's instruction) with Triton 3.6,
+the release they are written and qualified against (Gluon is experimental: Triton 3.9 no longer has the TMA copy
+they call). Everywhere else (other GPUs, other Triton releases, the CPU interpreter, float32, other head_dims)
+the Triton kernels run.
 """
 
 import torch
@@ -37,7 +45,7 @@ QUALIFIED_TRITON = "3.6."
 
 
 def applies(q: torch.Tensor) -> bool:
-    """Whether the forward of ``q`` (already checked to be readable through tensor descriptors) runs here."""
+    """Whether the kernels here run for ``q`` (the caller checks that tensor descriptors can read the tensors)."""
     return (not INTERPRET and q.dtype == torch.bfloat16 and q.shape[-1] == HEAD_DIM
             and triton.__version__.startswith(QUALIFIED_TRITON)
             and torch.cuda.get_device_capability(q.device) == (9, 0))
