@@ -360,11 +360,10 @@ def _dkdv_producer(workers):
 
 
 @gluon.jit
-def _row_terms_descriptor(ptr, pid_bh, S_PADDED, BLOCK_M: gl.constexpr):
+def _row_terms_descriptor(ptr, pid_bh, S_PADDED, BLOCK_M: gl.constexpr, layout: gl.constexpr):
     """A tensor descriptor of one (batch, head)'s row of a (B * H, S_PADDED) float32 matrix, BLOCK_M at a time."""
     return tma.make_tensor_descriptor(ptr + pid_bh.to(gl.int64) * S_PADDED, shape=[S_PADDED], strides=[1],
-                                      block_shape=[BLOCK_M],
-                                      layout=gl.NVMMASharedLayout(swizzle_byte_width=0, element_bitwidth=32, rank=1))
+                                      block_shape=[BLOCK_M], layout=layout)
 
 
 @gluon.jit
@@ -393,8 +392,8 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
     grads = _head(pid_bh, H, stride_gb, stride_gh)
     dk_desc = _head_descriptor(DK, grads, S, stride_gs, KEYS, HEAD_DIM, keys_layout)
     dv_desc = _head_descriptor(DV, grads, S, stride_gs, KEYS, HEAD_DIM, keys_layout)
-    lse_desc = _row_terms_descriptor(LSE, pid_bh, S_PADDED, BLOCK_M)
-    delta_desc = _row_terms_descriptor(DELTA, pid_bh, S_PADDED, BLOCK_M)
+    lse_desc = _row_terms_descriptor(LSE, pid_bh, S_PADDED, BLOCK_M, terms_layout)
+    delta_desc = _row_terms_descriptor(DELTA, pid_bh, S_PADDED, BLOCK_M, terms_layout)
 
     k_smem = gl.allocate_shared_memory(gl.bfloat16, [2, KEYS, HEAD_DIM], keys_layout)
     v_smem = gl.allocate_shared_memory(gl.bfloat16, [2, KEYS, HEAD_DIM], keys_layout)
