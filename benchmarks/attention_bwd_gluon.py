@@ -11,7 +11,6 @@ then times them, with the provider's whole backward (default SDPA backends) for 
 """
 
 import argparse
-import math
 
 import torch
 
@@ -47,7 +46,7 @@ def main():
     label, saved = backward_inputs()
     q = saved[0]
     D = q.shape[-1]
-    scales = (1.0 / math.sqrt(D), attention._qk_scale(D))
+    scales = attention.backward_scales(D)
 
     def grads():
         return [torch.empty_like(q) for _ in names]

@@ -511,6 +511,12 @@ def _qk_scale(D: int) -> float:
     return (1.0 / math.sqrt(D)) * math.log2(math.e)
 
 
+def backward_scales(D: int) -> tuple[float, float]:
+    """The backward kernels' scale arguments: the softmax scale 1/sqrt(D) (of the gradients) and
+    :func:`_qk_scale` (of the recomputed scores)."""
+    return 1.0 / math.sqrt(D), _qk_scale(D)
+
+
 def triton_forward(q, k, v, o, row_max, row_log_sum) -> None:
     """The Triton forward kernel into ``o`` and the row statistics, whatever :func:`attention_hopper.applies` says
     (the reference the Hopper kernel is compared with bitwise)."""
@@ -552,9 +558,8 @@ class _FlashAttention(torch.autograd.Function):
         saved = (q, k, v, do, row_max, row_log_sum, delta)
         if attention_hopper.applies(q) and _described(q, k, v, do, dk):  # else triton_dkdv checks the layout
             set_scratch_allocator()
-            scales = (1.0 / math.sqrt(D), _qk_scale(D))
-            attention_hopper.dkdv(*saved, dk, dv, *scales)
-            attention_hopper.dq(*saved, dq, *scales)
+            attention_hopper.dkdv(*saved, dk, dv, *backward_scales(D))
+            attention_hopper.dq(*saved, dq, *backward_scales(D))
         else:
             triton_dkdv(*saved, dk, dv)
             triton_dq(*saved, dq)
@@ -577,7 +582,7 @@ def _backward_strides(q, k, v, do, grad) -> tuple:
     """The backward kernels' stride and scale arguments; every gradient shares ``grad``'s strides."""
     B, S, H, D = q.shape
     return (*_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(do), *_outer_strides(grad),
-            H, S, 1.0 / math.sqrt(D), _qk_scale(D))
+            H, S, *backward_scales(D))
 
 
 def triton_dq(q, k, v, do, row_max, row_log_sum, delta, dq) -> None:

@@ -264,7 +264,7 @@ def test_hopper_backward_has_the_bits_of_the_triton_backward(S):
     attention_module.triton_dkdv(*saved, *grads[0][:2])
     attention_module.triton_dq(*saved, grads[0][2])
     attention_module.set_scratch_allocator()
-    scales = (1 / math.sqrt(128), attention_module._qk_scale(128))
+    scales = attention_module.backward_scales(128)
     attention_hopper.dkdv(*saved, *grads[1][:2], *scales)
     attention_hopper.dq(*saved, grads[1][2], *scales)
     for name, want, got in zip(("dk", "dv", "dq"), *grads):
