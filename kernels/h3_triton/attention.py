@@ -558,11 +558,9 @@ class _FlashAttention(torch.autograd.Function):
         saved = (q, k, v, do, row_max, row_log_sum, delta)
         if attention_hopper.applies(q) and _described(q, k, v, do, dk):  # else triton_dkdv checks the layout
             set_scratch_allocator()
-            attention_hopper.dkdv(*saved, dk, dv, *backward_scales(D))
-            attention_hopper.dq(*saved, dq, *backward_scales(D))
+            attention_hopper.backward(*saved, dq, dk, dv, *backward_scales(D))
         else:
-            triton_dkdv(*saved, dk, dv)
-            triton_dq(*saved, dq)
+            triton_backward(*saved, dq, dk, dv)
         return dq, dk, dv
 
 
@@ -583,6 +581,14 @@ def _backward_strides(q, k, v, do, grad) -> tuple:
     B, S, H, D = q.shape
     return (*_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(do), *_outer_strides(grad),
             H, S, *backward_scales(D))
+
+
+def triton_backward(q, k, v, do, row_max, row_log_sum, delta, dq, dk, dv) -> None:
+    """The Triton kernels' dQ, dK and dV (``dk`` and ``dv`` one contiguous allocation's strides), whatever
+    :func:`attention_hopper.applies` says (the reference the Hopper kernel is compared with)."""
+    saved = (q, k, v, do, row_max, row_log_sum, delta)
+    triton_dkdv(*saved, dk, dv)
+    triton_dq(*saved, dq)
 
 
 def triton_dq(q, k, v, do, row_max, row_log_sum, delta, dq) -> None:

@@ -1,6 +1,5 @@
 """Attention on Hopper GPUs, written in Gluon (Triton's explicit layer: mbarriers, TMA and asynchronous wgmma by
-hand), for bfloat16 tensors with head_dim 128 that tensor descriptors can read: the forward, and the backward's
-dK/dV and dQ kernels.
+hand), for bfloat16 tensors with head_dim 128 that tensor descriptors can read: the forward and the backward.
 
 Triton's compiler runs both warp groups of :func:`h3_triton.attention._fwd_kernel` in lockstep, so the tensor
 cores wait while the softmax runs. The forward schedules FlashAttention-3's way: two consumer warp groups of 64
@@ -14,14 +13,25 @@ masked), so the output and the saved row statistics are bitwise those of the Tri
 67.3-67.7 ms (619-623 TFLOP/s) against the Triton kernel's 75.1 ms and cuDNN's 73.3-75.9 ms
 (``benchmarks/results/h200-perf/attention-fwd-gluon.log``, ``benchmarks/results/h200-release.json``).
 
-The backward keeps h3_triton's deterministic split (no two programs add into one element): a dK/dV kernel whose
-two consumer warp groups own 64 keys each of a 128-key block while a producer warp streams query and dO tiles,
-with their row terms, through TMA stages; and a dQ kernel whose two consumers own 64 query rows each while the
-producer streams key and value tiles. P^T, dS^T and dS reach wgmma from registers. The products are the Triton
-kernels' in the same order, so dK, dV and dQ are bitwise theirs (the same test; at release shape
-``benchmarks/attention_bwd_gluon.py``).
+The backward takes the five products it needs in one pass over each 128-key block (FlashAttention-3's
+schedule), where the Triton kernels take seven in two (a dQ kernel recomputes P). Two consumer warp groups own 64
+keys each (K, V resident) while a producer warp streams 64-row query and dO tiles, with their row terms, through
+TMA stages. Each consumer forms P^T and dS^T of its keys, accumulates dV and dK as the Triton dK/dV kernel does
+(same products, same order: dK and dV are bitwise its own), and writes dS^T to shared memory, where the other
+consumer reads it: consumer h then forms columns [64 h, 64 h + 64) of the tile's dQ term over the whole key block,
+dS K. Two writer warps (even and odd query tiles) add each term into a float32 dQ sum with a bulk TMA reduction,
+in the order of the key blocks: a lock per (batch x head, query tile) counts the programs that have added, and a
+program adds once it reads its own key block's index. So dQ is the same sum, bit for bit, on every run, though not
+the Triton dQ kernel's bits (it adds each 64-key product inside the tensor cores' accumulator; the two stay within
+a bfloat16 rounding of each other, ``tests/kernels/test_attention.py``). Programs of one (batch, head) start in
+key-block order, so the program a lock waits for is running or done. On an H200 at release shape the backward
+runs in 195.0-195.2 ms (537 TFLOP/s counted as five products) against the Triton kernels' 268.4 ms and the
+provider's 193.7-195.6 ms (``benchmarks/attention_bwd_gluon.py``,
+``benchmarks/results/h200-perf/attention-bwd-gluon-fused.log``). The float32 dQ sum costs 4 bytes per element of
+the heads it holds: a launch holds at most 1 GiB of it, and the heads go in as many launches as that needs (two of
+0.55 GB at release shape, no slower than one).
 
-They run where :func:`applies`: a GPU of compute capability 9.0 (wgmma is Hopper's instruction) with Triton 3.6,
+plies`: a GPU of compute capability 9.0 (wgmma is Hopper's instruction) with Triton 3.6,
 the release they are written and qualified against (Gluon is experimental: Triton 3.9 no longer has the TMA copy
 they call). Everywhere else (other GPUs, other Triton releases, the CPU interpreter, float32, other head_dims)
 the Triton kernels run.
@@ -31,6 +41,8 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
+from triton._C.libtriton import ir
+from triton.experimental.gluon.language._core import builtin
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
@@ -185,7 +197,7 @@ def _pingpong_second(workers):
 @gluon.jit
 def _key_value_producer(workers):
     """One warp streaming the key and value tiles through the ring; a stage is refilled once both consumers
-    have freed it (the forward's and dQ's producer)."""
+    have freed it."""
     (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, S) = workers[1]
     STAGES: gl.constexpr = k_smem.type.shape[0]
     BLOCK_N: gl.constexpr = k_smem.type.shape[1]
@@ -269,38 +281,48 @@ def forward(q, k, v, o, row_max, row_log_sum, qk_scale: float) -> None:
     )
 
 
-# The backward's dK and dV ------------------------------------------------------------------------------------
+# The backward -------------------------------------------------------------------------------------------------
 
-DKDV_BLOCK_M = 64  # query rows a stage: both consumers' S^T and dP^T tiles are 64 x 64
-DKDV_BLOCK_N = 128  # keys a program: two consumers of 64
-DKDV_STAGES = 2
+BWD_BLOCK_M = 64  # query rows a stage: both consumers' S^T and dP^T tiles are 64 x 64, dQ's terms 64 x 64
+BWD_BLOCK_N = 128  # keys a program: two consumers of 64
+BWD_STAGES = 2  # 226 of the 227 KB of shared memory with the resident keys, dS^T and dQ's terms (two each)
 
 
 @gluon.jit
-def _dkdv_consumer(args, HALF: gl.constexpr):
-    """Keys [HALF * 64, HALF * 64 + 64) of the key block: one warp group's dK and dV over every query tile."""
-    (k_desc, v_desc, dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bars,
-     q_ready, do_ready, empty, pid_n, S, sm_scale, qk_scale) = args
+def _backward_consumer(args, HALF: gl.constexpr):
+    """Keys [HALF * 64, HALF * 64 + 64) of the key block: one warp group's dK and dV over every query tile, and
+    columns [HALF * 64, HALF * 64 + 64) of each query tile's dQ term of the whole key block, added into DQ_SUM on
+    this program's turn."""
+    (k_desc, v_desc, dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
+     kv_bars, q_ready, do_ready, empty, ds_ready, dq_full, dq_empty, done, pid_n, S, sm_scale, qk_scale) = args
     STAGES: gl.constexpr = q_smem.type.shape[0]
     BLOCK_M: gl.constexpr = q_smem.type.shape[1]
     HEAD_DIM: gl.constexpr = q_smem.type.shape[2]
     KEYS: gl.constexpr = k_smem.type.shape[1]
+    COLS: gl.constexpr = HEAD_DIM // 2
     scores_layout: gl.constexpr = _wgmma_layout(BLOCK_M)
     grads_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
+    dq_layout: gl.constexpr = _wgmma_layout(COLS)
     operand_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=grads_layout, k_width=2)
     queries_layout: gl.constexpr = gl.SliceLayout(0, scores_layout)
     k_half = k_smem.index(HALF)
     v_half = v_smem.index(HALF)
+    k_cols_first = k_smem.index(0).slice(HALF * COLS, COLS, dim=1)
+    k_cols_second = k_smem.index(1).slice(HALF * COLS, COLS, dim=1)
     row0 = pid_n * 2 * KEYS + HALF * KEYS
 
     _load_two(kv_bars.index(HALF), k_desc, k_half, v_desc, v_half, row0)
-    mbarrier.wait(kv_bars.index(HALF), 0)
+    mbarrier.wait(kv_bars.index(0), 0)
+    mbarrier.wait(kv_bars.index(1), 0)
     zeros = gl.zeros([KEYS, BLOCK_M], gl.float32, scores_layout)
+    dq_zeros = gl.zeros([BLOCK_M, COLS], gl.float32, dq_layout)
     dk = gl.zeros([KEYS, HEAD_DIM], gl.float32, grads_layout)
     dv = gl.zeros([KEYS, HEAD_DIM], gl.float32, grads_layout)
     for i in range(gl.cdiv(S, BLOCK_M)):
         stage = i % STAGES
         phase = (i // STAGES) & 1
+        pair = i % 2
+        pair_phase = (i // 2) & 1
         q_tile = q_smem.index(stage)
         do_tile = do_smem.index(stage)
         mbarrier.wait(q_ready.index(stage), phase)
@@ -314,11 +336,27 @@ def _dkdv_consumer(args, HALF: gl.constexpr):
         dp_t = warpgroup_mma_wait(1, deps=(dp_t,))
         delta = delta_smem.index(stage).load(queries_layout)
         ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
-        dk = warpgroup_mma(gl.convert_layout(ds_t.to(gl.bfloat16), operand_layout), q_tile, dk, is_async=True)
-        dv, dk = warpgroup_mma_wait(0, deps=(dv, dk))
+        ds_own = ds_smem.index(2 * pair + HALF)
+        ds_own.store(ds_t.to(gl.bfloat16))
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(ds_ready.index(pair), count=1)
+        dk = warpgroup_mma(ds_own, q_tile, dk, is_async=True)
+        mbarrier.wait(ds_ready.index(pair), pair_phase)  # the other half's dS^T is written
+        dq = warpgroup_mma(ds_smem.index(2 * pair).permute((1, 0)), k_cols_first, dq_zeros, use_acc=False,
+                           is_async=True)
+        dq = warpgroup_mma(ds_smem.index(2 * pair + 1).permute((1, 0)), k_cols_second, dq, is_async=True)
+        dv, dk, dq = warpgroup_mma_wait(0, deps=(dv, dk, dq))
         mbarrier.arrive(empty.index(stage), count=1)
+        mbarrier.wait(dq_empty.index(pair), pair_phase ^ 1)  # the writer has added this buffer's last tile
+        dq_smem.index(2 * pair + HALF).store(dq)
+        fence_async_shared()
+        gl.thread_barrier()
+        mbarrier.arrive(dq_full.index(pair), count=1)
 
-    k_half.store((dk * sm_scale).to(gl.bfloat16))  # its keys are no longer read: the tiles stage the gradients
+    mbarrier.arrive(done, count=1)
+    mbarrier.wait(done, 0)  # the other half's dQ products no longer read these keys
+    k_half.store((dk * sm_scale).to(gl.bfloat16))  # the tiles stage the gradients
     v_half.store(dv.to(gl.bfloat16))
     fence_async_shared()
     tma.async_copy_shared_to_global(dk_desc, [row0, 0], k_half)
@@ -327,19 +365,19 @@ def _dkdv_consumer(args, HALF: gl.constexpr):
 
 
 @gluon.jit
-def _dkdv_first(consumer):
+def _backward_first(consumer):
     """The default partition: the first half of the keys."""
-    _dkdv_consumer(consumer, 0)
+    _backward_consumer(consumer, 0)
 
 
 @gluon.jit
-def _dkdv_second(workers):
+def _backward_second(workers):
     """A worker partition: the second half of the keys."""
-    _dkdv_consumer(workers[0], 1)
+    _backward_consumer(workers[0], 1)
 
 
 @gluon.jit
-def _dkdv_producer(workers):
+def _backward_producer(workers):
     """One warp streaming query tiles with their row terms, and dO tiles with theirs, through the ring; a stage is
     refilled once both consumers have freed it."""
     (q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready, empty,
@@ -359,6 +397,63 @@ def _dkdv_producer(workers):
         tma.async_copy_global_to_shared(delta_desc, [i * BLOCK_M], ready, delta_smem.index(stage))
 
 
+@builtin
+def _tma_add(tensor_desc, coord, src, _semantic=None):
+    """Adds the shared-memory tile ``src`` into the global tile of ``tensor_desc`` at ``coord`` with one bulk TMA
+    reduction (the op behind Triton's ``tensor_descriptor.atomic_add``, which Gluon 3.6 does not name)."""
+    coord = _semantic._convert_to_ir_values(coord, require_i64=False)
+    _semantic.builder.create_async_tma_reduce(ir.DESCRIPTOR_REDUCE_KIND.ADD, tensor_desc.handle, coord, src.handle)
+
+
+@gluon.jit
+def _bulk_wait_complete(anchor):
+    """Waits until this thread's bulk TMA operations are complete, their writes performed (``tma.store_wait``
+    waits only until their shared memory may be reused)."""
+    gl.inline_asm_elementwise("cp.async.bulk.wait_group 0; mov.u32 $0, 0;", "=r,r", [anchor], dtype=gl.int32,
+                              is_pure=False, pack=1)
+
+
+@gluon.jit
+def _acquire(lock, turn):
+    """Spins until ``lock`` reads ``turn`` (acquire: the adds of the programs before are then visible)."""
+    seen = gl.atomic_add(lock, 0, sem="acquire", scope="gpu")
+    while seen != turn:
+        seen = gl.atomic_add(lock, 0, sem="acquire", scope="gpu")
+
+
+@gluon.jit
+def _dq_writer(workers, PAIR: gl.constexpr):
+    """One warp adding dQ's terms of the query tiles of parity ``PAIR`` into DQ_SUM in the key blocks' order: for
+    each it waits for the previous key block's program to have added (the tile's lock reads this program's
+    index), adds both consumers' columns with bulk TMA reductions, waits for them to complete and passes the turn
+    on; the other parity's warp does the same meanwhile."""
+    dq_desc, dq_smem, dq_full, dq_empty, LOCKS, pid_n, pid_bh, n_tiles = workers[2]
+    BLOCK_M: gl.constexpr = dq_smem.type.shape[1]
+    COLS: gl.constexpr = dq_smem.type.shape[2]
+    locks = LOCKS + pid_bh.to(gl.int64) * n_tiles
+    for i in range(PAIR, n_tiles, 2):
+        _acquire(locks + i, pid_n)
+        mbarrier.wait(dq_full.index(PAIR), (i // 2) & 1)
+        for half in gl.static_range(2):
+            _tma_add(dq_desc, [i * BLOCK_M, half * COLS], dq_smem.index(2 * PAIR + half))
+        _bulk_wait_complete(pid_n)
+        gl.thread_barrier()
+        mbarrier.arrive(dq_empty.index(PAIR), count=1)
+        gl.atomic_add(locks + i, 1, sem="release", scope="gpu")
+
+
+@gluon.jit
+def _dq_writer_even(workers):
+    """A worker partition: the even query tiles' additions."""
+    _dq_writer(workers, 0)
+
+
+@gluon.jit
+def _dq_writer_odd(workers):
+    """A worker partition: the odd query tiles' additions."""
+    _dq_writer(workers, 1)
+
+
 @gluon.jit
 def _row_terms_descriptor(ptr, pid_bh, S_PADDED, BLOCK_M: gl.constexpr, layout: gl.constexpr):
     """A tensor descriptor of one (batch, head)'s row of a (B * H, S_PADDED) float32 matrix, BLOCK_M at a time."""
@@ -367,16 +462,17 @@ def _row_terms_descriptor(ptr, pid_bh, S_PADDED, BLOCK_M: gl.constexpr, layout: 
 
 
 @gluon.jit
-def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
-                 stride_qb, stride_qs, stride_qh,
-                 stride_kb, stride_ks, stride_kh,
-                 stride_vb, stride_vs, stride_vh,
-                 stride_dob, stride_dos, stride_doh,
-                 stride_gb, stride_gs, stride_gh,
-                 H, S, S_PADDED, sm_scale, qk_scale,
-                 HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """dK and dV of one key block of one (batch, head): :func:`h3_triton.attention._dkdv_described_kernel`'s
-    arguments, with the row terms padded (:func:`dkdv`)."""
+def _backward_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_SUM, LOCKS,
+                     stride_qb, stride_qs, stride_qh,
+                     stride_kb, stride_ks, stride_kh,
+                     stride_vb, stride_vs, stride_vh,
+                     stride_dob, stride_dos, stride_doh,
+                     stride_gb, stride_gs, stride_gh,
+                     H, S, S_PADDED, sm_scale, qk_scale,
+                     HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """dK and dV of one key block of one (batch, head), and its terms of dQ added into DQ_SUM (float32,
+    (B * H, S_PADDED, HEAD_DIM)) in the order of the key blocks: :func:`h3_triton.attention._dkdv_described_kernel`'s
+    arguments with the row terms padded, and the zeroed sum and locks (:func:`backward`)."""
     pid_n = gl.program_id(0)
     pid_bh = gl.program_id(1)
     KEYS: gl.constexpr = BLOCK_N // 2
@@ -401,25 +497,44 @@ def _dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV,
     do_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_M, HEAD_DIM], rows_layout)
     lse_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], terms_layout)
     delta_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_M], terms_layout)
+    ds_smem = gl.allocate_shared_memory(gl.bfloat16, [4, KEYS, BLOCK_M],
+                                        gl.NVMMASharedLayout.get_default_for([KEYS, BLOCK_M], gl.bfloat16))
+    dq_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_M, HEAD_DIM // 2], gl.float32)
+    dq_smem = gl.allocate_shared_memory(gl.float32, [4, BLOCK_M, HEAD_DIM // 2], dq_layout)
+    dq_desc = tma.make_tensor_descriptor(DQ_SUM + pid_bh.to(gl.int64) * S_PADDED * HEAD_DIM,
+                                         shape=[S_PADDED, HEAD_DIM], strides=[HEAD_DIM, 1],
+                                         block_shape=[BLOCK_M, HEAD_DIM // 2], layout=dq_layout)
     kv_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     q_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     do_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ds_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_full = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    dq_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    done = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(done.index(0), count=2)
     for i in gl.static_range(2):
         mbarrier.init(kv_bars.index(i), count=1)
+        mbarrier.init(ds_ready.index(i), count=2)
+        mbarrier.init(dq_full.index(i), count=2)
+        mbarrier.init(dq_empty.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(q_ready.index(i), count=1)
         mbarrier.init(do_ready.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
-    consumer = (k_desc, v_desc, dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, kv_bars,
-                q_ready, do_ready, empty, pid_n, S, sm_scale, qk_scale)
+    consumer = (k_desc, v_desc, dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem,
+                dq_smem, kv_bars, q_ready, do_ready, empty, ds_ready, dq_full, dq_empty, done.index(0), pid_n, S,
+                sm_scale, qk_scale)
     producer = (q_desc, do_desc, lse_desc, delta_desc, q_smem, do_smem, lse_smem, delta_smem, q_ready, do_ready,
                 empty, S)
+    writers = (dq_desc, dq_smem, dq_full, dq_empty, LOCKS, pid_n, pid_bh, gl.cdiv(S, BLOCK_M))
     gl.warp_specialize([
-        (_dkdv_first, (consumer,)),
-        (_dkdv_second, ((consumer, producer),)),
-        (_dkdv_producer, ((consumer, producer),)),
-    ], [4, 1], [240, 24])
+        (_backward_first, (consumer,)),
+        (_backward_second, ((consumer, producer, writers),)),
+        (_backward_producer, ((consumer, producer, writers),)),
+        (_dq_writer_even, ((consumer, producer, writers),)),
+        (_dq_writer_odd, ((consumer, producer, writers),)),
+    ], [4, 1, 1, 1], [240, 24, 24, 24])
 
 
 def padded_row_terms(row_max, row_log_sum, delta) -> tuple[torch.Tensor, torch.Tensor]:
@@ -427,155 +542,45 @@ def padded_row_terms(row_max, row_log_sum, delta) -> tuple[torch.Tensor, torch.T
     and delta, each (B * H, S) padded with zeros to a whole number of query tiles, so every tile's terms are one
     TMA load (whose rows must start on 16 bytes). Padded rows read as zeros, as the Triton kernel's masked loads."""
     BH, S = row_max.shape
-    terms = torch.zeros((2, BH, triton.cdiv(S, DKDV_BLOCK_M) * DKDV_BLOCK_M), dtype=torch.float32,
+    terms = torch.zeros((2, BH, triton.cdiv(S, BWD_BLOCK_M) * BWD_BLOCK_M), dtype=torch.float32,
                         device=row_max.device)
     torch.add(row_max, row_log_sum, out=terms[0, :, :S])
     terms[1, :, :S] = delta
     return terms[0], terms[1]
 
 
-def dkdv(q, k, v, do, row_max, row_log_sum, delta, dk, dv, sm_scale: float, qk_scale: float,
-         stages: int = DKDV_STAGES) -> None:
+DQ_SUM_BYTES = 1 << 30  # the float32 dQ sum of one launch at most; heads are split into launches that fit
+
+
+def backward(q, k, v, do, row_max, row_log_sum, delta, dq, dk, dv, sm_scale: float, qk_scale: float,
+             stages: int = BWD_STAGES, sum_bytes: int = DQ_SUM_BYTES) -> None:
     """Fills ``dk`` and ``dv`` (one contiguous allocation's strides) as
-    :func:`h3_triton.attention._dkdv_described_kernel` does; the caller has set the scratch allocator.
-    ``stages``: query tiles in flight (benchmarks compare them)."""
-    B, S, H, _ = q.shape
-    lse, padded_delta = padded_row_terms(row_max, row_log_sum, delta)
-    _dkdv_kernel[(triton.cdiv(S, DKDV_BLOCK_N), B * H)](
-        q, k, v, do, lse, padded_delta, dk, dv,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3],
-        H, S, lse.shape[1], sm_scale, qk_scale,
-        HEAD_DIM=HEAD_DIM, BLOCK_M=DKDV_BLOCK_M, BLOCK_N=DKDV_BLOCK_N, STAGES=stages, num_warps=4, maxnreg=168,
-    )
+    :func:`h3_triton.attention._dkdv_described_kernel` does, bitwise, and ``dq`` with each key block's term added in
+    the order of the key blocks: repeatable, but not the bits of :func:`h3_triton.attention._dq_kernel`, whose
+    float32 accumulator adds each 64-key product inside the tensor cores. The caller has set the scratch allocator.
+    ``stages``: query tiles in flight (benchmarks compare them). The heads go in as few launches as keep each
+    launch's float32 dQ sum within ``sum_bytes`` (two at release shape, 0.55 GB each); every (batch, head) is
+    computed alike in any launch, so the split does not change a bit.
 
-
-# The backward's dQ ----------------------------------------------------------------------------------------
-
-DQ_BLOCK_M = 128  # query rows a program: two consumers of 64
-DQ_BLOCK_N = 64  # keys a stage
-DQ_STAGES = 2
-
-
-@gluon.jit
-def _dq_consumer(args, HALF: gl.constexpr):
-    """Rows [HALF * 64, HALF * 64 + 64) of the query block: one warp group's dQ over every key tile."""
-    (q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
-     ROW_MAX, ROW_LOG_SUM, DELTA, pid_m, pid_bh, S, sm_scale, qk_scale) = args
-    STAGES: gl.constexpr = k_smem.type.shape[0]
-    BLOCK_N: gl.constexpr = k_smem.type.shape[1]
-    HEAD_DIM: gl.constexpr = k_smem.type.shape[2]
-    ROWS: gl.constexpr = q_smem.type.shape[1]
-    scores_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
-    dq_layout: gl.constexpr = _wgmma_layout(HEAD_DIM)
-    operand_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dq_layout, k_width=2)
-    rows_layout: gl.constexpr = gl.SliceLayout(1, scores_layout)
-    q_half = q_smem.index(HALF)
-    do_half = do_smem.index(HALF)
-    row0 = pid_m * 2 * ROWS + HALF * ROWS
-
-    _load_two(q_bars.index(HALF), q_desc, q_half, do_desc, do_half, row0)
-    rows = row0 + gl.arange(0, ROWS, layout=rows_layout)
-    rows_at = pid_bh.to(gl.int64) * S + rows
-    in_seq = rows < S
-    lse = gl.load(ROW_MAX + rows_at, mask=in_seq, other=0.0) + gl.load(ROW_LOG_SUM + rows_at, mask=in_seq, other=0.0)
-    delta = gl.load(DELTA + rows_at, mask=in_seq, other=0.0)
-    zeros = gl.zeros([ROWS, BLOCK_N], gl.float32, scores_layout)
-    dq = gl.zeros([ROWS, HEAD_DIM], gl.float32, dq_layout)
-    mbarrier.wait(q_bars.index(HALF), 0)
-    n_tiles = gl.cdiv(S, BLOCK_N)
-    for j in range(n_tiles):
-        stage = j % STAGES
-        phase = (j // STAGES) & 1
-        k_tile = k_smem.index(stage)
-        mbarrier.wait(k_ready.index(stage), phase)
-        s = warpgroup_mma(q_half, k_tile.permute((1, 0)), zeros, use_acc=False, is_async=True)
-        mbarrier.wait(v_ready.index(stage), phase)
-        dp = warpgroup_mma(do_half, v_smem.index(stage).permute((1, 0)), zeros, use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(1, deps=(s,))
-        p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
-        if j == n_tiles - 1:  # only the last key tile has keys past S
-            keys = j * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, scores_layout))
-            p = gl.where(gl.expand_dims(keys < S, 0), p, 0.0)
-        dp = warpgroup_mma_wait(0, deps=(dp,))
-        ds = p * (dp - gl.expand_dims(delta, 1))
-        dq = warpgroup_mma(gl.convert_layout(ds.to(gl.bfloat16), operand_layout), k_tile, dq, is_async=True)
-        dq = warpgroup_mma_wait(0, deps=(dq,))
-        mbarrier.arrive(kv_empty.index(stage), count=1)
-
-    q_half.store((dq * sm_scale).to(gl.bfloat16))  # its Q is no longer read: the tile stages dQ
-    fence_async_shared()
-    tma.async_copy_shared_to_global(dq_desc, [row0, 0], q_half)
-    tma.store_wait(0)
-
-
-@gluon.jit
-def _dq_first(consumer):
-    """The default partition: the first half of the query rows."""
-    _dq_consumer(consumer, 0)
-
-
-@gluon.jit
-def _dq_second(workers):
-    """A worker partition: the second half of the query rows."""
-    _dq_consumer(workers[0], 1)
-
-
-@gluon.jit
-def _dq_kernel(Q, K, V, DO, ROW_MAX, ROW_LOG_SUM, DELTA, DQ,
-               stride_qb, stride_qs, stride_qh,
-               stride_kb, stride_ks, stride_kh,
-               stride_vb, stride_vs, stride_vh,
-               stride_dob, stride_dos, stride_doh,
-               stride_gb, stride_gs, stride_gh,
-               H, S, sm_scale, qk_scale,
-               HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """dQ of one query block of one (batch, head): :func:`h3_triton.attention._dq_kernel`'s arguments."""
-    pid_m = gl.program_id(0)
-    pid_bh = gl.program_id(1)
-    ROWS: gl.constexpr = BLOCK_M // 2
-    half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], gl.bfloat16)
-    tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.bfloat16)
-    q_desc = _head_descriptor(Q, _head(pid_bh, H, stride_qb, stride_qh), S, stride_qs, ROWS, HEAD_DIM, half_layout)
-    do_desc = _head_descriptor(DO, _head(pid_bh, H, stride_dob, stride_doh), S, stride_dos, ROWS, HEAD_DIM,
-                               half_layout)
-    dq_desc = _head_descriptor(DQ, _head(pid_bh, H, stride_gb, stride_gh), S, stride_gs, ROWS, HEAD_DIM,
-                               half_layout)
-    k_desc = _head_descriptor(K, _head(pid_bh, H, stride_kb, stride_kh), S, stride_ks, BLOCK_N, HEAD_DIM,
-                              tile_layout)
-    v_desc = _head_descriptor(V, _head(pid_bh, H, stride_vb, stride_vh), S, stride_vs, BLOCK_N, HEAD_DIM,
-                              tile_layout)
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS, HEAD_DIM], half_layout)
-    do_smem = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS, HEAD_DIM], half_layout)
-    k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], tile_layout)
-    v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], tile_layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(2):
-        mbarrier.init(q_bars.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(k_ready.index(i), count=1)
-        mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=2)
-    consumer = (q_desc, do_desc, dq_desc, q_smem, do_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty,
-                ROW_MAX, ROW_LOG_SUM, DELTA, pid_m, pid_bh, S, sm_scale, qk_scale)
-    producer = (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, S)
-    gl.warp_specialize([
-        (_dq_first, (consumer,)),
-        (_dq_second, ((consumer, producer),)),
-        (_key_value_producer, ((consumer, producer),)),
-    ], [4, 1], [240, 24])
-
-
-def dq(q, k, v, do, row_max, row_log_sum, delta, dq, sm_scale: float, qk_scale: float,
-       stages: int = DQ_STAGES) -> None:
-    """Fills ``dq`` as :func:`h3_triton.attention._dq_kernel` does; the caller has set the scratch allocator.
-    ``stages``: key tiles in flight (benchmarks compare them)."""
-    B, S, H, _ = q.shape
-    _dq_kernel[(triton.cdiv(S, DQ_BLOCK_M), B * H)](
-        q, k, v, do, row_max, row_log_sum, delta, dq,
-        *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
-        H, S, sm_scale, qk_scale,
-        HEAD_DIM=HEAD_DIM, BLOCK_M=DQ_BLOCK_M, BLOCK_N=DQ_BLOCK_N, STAGES=stages, num_warps=4, maxnreg=168,
-    )
+    The programs of one (batch, head) start in the order of their key blocks (CUDA's order of a grid's first
+    dimension), so each program's predecessor is running or done when it waits for its turn."""
+    B, S, H, D = q.shape
+    lse, padded_delta = (terms.view(B, H, -1) for terms in padded_row_terms(row_max, row_log_sum, delta))
+    S_PADDED = lse.shape[-1]
+    launches = min(H, triton.cdiv(B * H * S_PADDED * D * 4, sum_bytes))
+    group = triton.cdiv(H, launches)
+    sums = torch.empty((B * group, S_PADDED, D), dtype=torch.float32, device=q.device)  # reused by every launch
+    all_locks = torch.empty((B * group, S_PADDED // BWD_BLOCK_M), dtype=torch.int32, device=q.device)
+    for first in range(0, H, group):
+        heads = slice(first, min(H, first + group))
+        count = heads.stop - heads.start
+        dq_sum, locks = sums[:B * count].zero_(), all_locks[:B * count].zero_()
+        views = [t[:, :, heads] for t in (q, k, v, do, dk, dv)]
+        # the kernel reads each (batch, head)'s row terms as one row of a contiguous matrix
+        terms = [t[:, heads].reshape(B * count, S_PADDED).contiguous() for t in (lse, padded_delta)]
+        _backward_kernel[(triton.cdiv(S, BWD_BLOCK_N), B * count)](
+            *views[:4], *terms, *views[4:], dq_sum, locks, *(stride for t in views[:5] for stride in t.stride()[:3]),
+            count, S, S_PADDED, sm_scale, qk_scale,
+            HEAD_DIM=HEAD_DIM, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, STAGES=stages, num_warps=4, maxnreg=168,
+        )
+        dq[:, :, heads].copy_(dq_sum.mul_(sm_scale).view(B, count, S_PADDED, D)[:, :, :S].transpose(1, 2))
