@@ -291,8 +291,8 @@ BWD_STAGES = 2  # 226 of the 227 KB of shared memory with the resident keys, dS^
 @gluon.jit
 def _backward_consumer(args, HALF: gl.constexpr):
     """Keys [HALF * 64, HALF * 64 + 64) of the key block: one warp group's dK and dV over every query tile, and
-    columns [HALF * 64, HALF * 64 + 64) of each query tile's dQ term of the whole key block, added into DQ_SUM on
-    this program's turn."""
+    columns [HALF * 64, HALF * 64 + 64) of each query tile's dQ term of the whole key block (dS K, with the other
+    half's dS^T), handed to the writer warps through shared memory."""
     (k_desc, v_desc, dk_desc, dv_desc, k_smem, v_smem, q_smem, do_smem, lse_smem, delta_smem, ds_smem, dq_smem,
      kv_bars, q_ready, do_ready, empty, ds_ready, dq_full, dq_empty, done, pid_n, S, sm_scale, qk_scale) = args
     STAGES: gl.constexpr = q_smem.type.shape[0]
