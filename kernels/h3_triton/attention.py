@@ -585,15 +585,15 @@ def _backward_strides(q, k, v, do, grad) -> tuple:
 
 def triton_backward(q, k, v, do, row_max, row_log_sum, delta, dq, dk, dv) -> None:
     """The Triton kernels' dQ, dK and dV (``dk`` and ``dv`` one contiguous allocation's strides), whatever
-    :func:`attention_hopper.applies` says (the reference the Hopper kernel is compared with)."""
+    :func:`attention_hopper.applies` says (the reference the Hopper kernel is compared with: dK and dV bitwise,
+    dQ within a bfloat16 rounding)."""
     saved = (q, k, v, do, row_max, row_log_sum, delta)
     triton_dkdv(*saved, dk, dv)
     triton_dq(*saved, dq)
 
 
 def triton_dq(q, k, v, do, row_max, row_log_sum, delta, dq) -> None:
-    """The Triton dQ kernel into ``dq``, whatever :func:`attention_hopper.applies` says (the reference the Hopper
-    kernel is compared with bitwise)."""
+    """The Triton dQ kernel into ``dq`` (:func:`triton_backward`'s second kernel)."""
     B, S, H, D = q.shape
     _dq(
         _grid(B, H, S, "BLOCK_M"),
@@ -604,7 +604,7 @@ def triton_dq(q, k, v, do, row_max, row_log_sum, delta, dq) -> None:
 
 def triton_dkdv(q, k, v, do, row_max, row_log_sum, delta, dk, dv) -> None:
     """The Triton dK/dV kernel into ``dk`` and ``dv`` (one contiguous allocation's strides), whatever
-    :func:`attention_hopper.applies` says (the reference the Hopper kernel is compared with bitwise)."""
+    :func:`attention_hopper.applies` says (the Hopper kernel's dK and dV are compared with it bitwise)."""
     B, S, H, D = q.shape
     common = _backward_strides(q, k, v, do, dk)
     if _described(q, k, v, do, dk):
