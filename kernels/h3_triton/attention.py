@@ -556,7 +556,7 @@ class _FlashAttention(torch.autograd.Function):
         dk = torch.empty_like(dq)
         dv = torch.empty_like(dq)
         saved = (q, k, v, do, row_max, row_log_sum, delta)
-        if attention_hopper.applies(q) and _described(q, k, v, do, dk):  # else triton_dkdv checks the layout
+        if attention_hopper.applies(q) and _described(q, k, v, do, dk):  # else triton_backward checks the layout
             set_scratch_allocator()
             attention_hopper.backward(*saved, dq, dk, dv, *backward_scales(D))
         else:

@@ -31,7 +31,7 @@ provider's 193.7-195.6 ms (``benchmarks/attention_bwd_gluon.py``,
 the heads it holds: a launch holds at most 1 GiB of it, and the heads go in as many launches as that needs (two of
 0.55 GB at release shape, no slower than one).
 
-plies`: a GPU of compute capability 9.0 (wgmma is Hopper's instruction) with Triton 3.6,
+They run where :func:`applies`: a GPU of compute capability 9.0 (wgmma is Hopper's instruction) with Triton 3.6,
 the release they are written and qualified against (Gluon is experimental: Triton 3.9 no longer has the TMA copy
 they call). Everywhere else (other GPUs, other Triton releases, the CPU interpreter, float32, other head_dims)
 the Triton kernels run.

@@ -251,9 +251,9 @@ def test_hopper_backward_against_the_triton_backward(S):
     the Triton kernel's. Its dQ adds each key block's float32 term in a fixed order where the Triton dQ kernel
     accumulates inside the tensor cores, so dQ must be repeatable bit for bit and within one bfloat16 rounding of
     the Triton kernel's (any lost, doubled or misplaced term is far outside that); heads split over launches (to
-    bound the float32 dQ sum's memory) must not change a bit. Cases: one or two key halves,
-    partial and full last tiles (padded rows and keys must vanish), two batches; dO is a strided view as autograd
-    may hand it. The interpreter must never choose the Gluon kernel."""
+    bound the float32 dQ sum's memory) must not change a bit. Cases: one or two key halves, partial and full last
+    tiles (padded rows and keys must vanish), two batches; dO is a strided view as autograd may hand it. The
+    interpreter must never choose the Gluon kernel."""
     heads = hopper_heads(S)
     if heads is None:
         return
