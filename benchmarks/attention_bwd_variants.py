@@ -5,11 +5,12 @@ Usage (GPU): python benchmarks/attention_bwd_variants.py [--configs 64x128w8s2t,
              ncu --profile-from-start off -k regex:_fused_bwd python benchmarks/attention_bwd_variants.py --profile
              TRITON_INTERPRET=1 python benchmarks/attention_bwd_variants.py --shape small --device cpu   (checks itself)
 
-h3_triton's backward is deterministic without atomics: one kernel per key block computes dK and dV (recomputing
-Q K^T and dP = dO V^T), one per query block computes dQ (recomputing both again), seven S x S x D products where
-FlashAttention's backward has five; with its dK/dV kernel warp-specialised it runs at 0.79x the provider's
-backward on an H200 (``results/h200-perf/h200-release-attention-block-ws.json``; 0.70x before, at the time of the
-measurements below). Adding each key block's share of dQ to a float32
+h3_triton's Triton backward (the path off Hopper; on Hopper the five-product Gluon kernel of
+``h3_triton/attention_hopper.py`` runs, 1.07x the provider's backward) is deterministic without atomics: one kernel per
+key block computes dK and dV (recomputing Q K^T and dP = dO V^T), one per query block computes dQ (recomputing both
+again), seven S x S x D products where FlashAttention's backward has five; with its dK/dV kernel warp-specialised it
+runs at 0.79x the provider's backward on an H200 (``results/h200-perf/h200-release-attention-block-ws.json``; 0.70x
+before, at the time of the measurements below). Adding each key block's share of dQ to a float32
 accumulator with atomics saves the two products but makes dQ depend on the order the adds land in, which the
 kernel gate rejects (two runs must be bitwise equal). Ordering the adds, as FlashAttention-3's deterministic mode
 does, ran at 0.59x of h3_triton's speed (``results/h200-perf/attention-bwd-variants.log``, this script at commit

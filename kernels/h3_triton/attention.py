@@ -8,15 +8,18 @@ Forward: one program per (query block, batch x head) sweeps the key blocks with 
 softmax scale is folded with log2(e) so each score costs one ``exp2``) and saves every row's base-2 max and log2
 of its sum. bfloat16 tensors whose rows and heads start on 16-byte boundaries (any contiguous (B, S, H, D)) are
 read through tensor descriptors (TMA): 0.94x cuDNN on an H200 at release shape against 0.89x for pointer loads
-(``benchmarks/results/h200-perf/attention-variants.log``). On Hopper GPUs the bfloat16 forward and backward at
-head_dim 128 run :mod:`h3_triton.attention_hopper` instead, Gluon kernels with the same arithmetic (bitwise the
-same outputs and gradients) scheduled by hand: the forward 1.13x cuDNN at release shape. Full key tiles run unmasked; only the last
-partial tile pays for the mask, which keeps padded keys out of the softmax. Backward recomputes the probabilities from
-those two: a preprocess kernel for delta = rowsum(dO * O), one kernel for dK and dV per key block looping over query
-blocks (warp-specialised for tensors that descriptors can read: :func:`_dkdv_described_kernel`), one for dQ per query
-block looping over key blocks. Each output element is written by exactly one program, so results are deterministic
+(``benchmarks/results/h200-perf/attention-variants.log``). Full key tiles run unmasked; only the last partial tile
+pays for the mask, which keeps padded keys out of the softmax. Backward recomputes the probabilities from those two:
+a preprocess kernel for delta = rowsum(dO * O), one kernel for dK and dV per key block looping over query blocks
+(warp-specialised for tensors that descriptors can read: :func:`_dkdv_described_kernel`), one for dQ per query block
+looping over key blocks. Each output element is written by exactly one program, so results are deterministic
 without atomics. Every dot goes through :func:`h3_triton.interpret.mma`, except that float32 scores are summed in
 float64 (:func:`_scores`).
+
+On Hopper GPUs the bfloat16 forward and backward at head_dim 128 run :mod:`h3_triton.attention_hopper` instead,
+Gluon kernels scheduled by hand with the same arithmetic (bitwise the same output, row statistics, dK and dV; dQ,
+added in a fixed order outside the tensor cores, within a bfloat16 rounding): at release shape the forward 1.15x
+cuDNN, the backward 1.07x the provider's (``benchmarks/results/h200-release.json``).
 """
 
 import math

@@ -10,7 +10,7 @@ both consumers have freed it. The arithmetic is h3_triton's, step for step (base
 scale folded into the exponent, P rounded to bfloat16 before P V, float32 accumulation, only the last key tile
 masked), so the output and the saved row statistics are bitwise those of the Triton kernel
 (``tests/kernels/test_attention.py`` compares them on a Hopper GPU). On an H200 at release shape it runs in
-67.3-67.7 ms (619-623 TFLOP/s) against the Triton kernel's 75.1 ms and cuDNN's 73.3-75.9 ms
+67.2-67.7 ms (619-623 TFLOP/s) against the Triton kernel's 75.1 ms and cuDNN's 73.1-77.1 ms
 (``benchmarks/results/h200-perf/attention-fwd-gluon.log``, ``benchmarks/results/h200-release.json``).
 
 The backward takes the five products it needs in one pass over each 128-key block (FlashAttention-3's
@@ -25,8 +25,8 @@ program adds once it reads its own key block's index. So dQ is the same sum, bit
 the Triton dQ kernel's bits (it adds each 64-key product inside the tensor cores' accumulator; the two stay within
 a bfloat16 rounding of each other, ``tests/kernels/test_attention.py``). Programs of one (batch, head) start in
 key-block order, so the program a lock waits for is running or done. On an H200 at release shape the backward
-runs in 195.0-195.2 ms (537 TFLOP/s counted as five products) against the Triton kernels' 268.4 ms and the
-provider's 193.7-195.6 ms (``benchmarks/attention_bwd_gluon.py``,
+runs in 195.0-195.2 ms (537 TFLOP/s counted as five products) against the Triton kernels' 261.6-268.4 ms
+and the provider's 193.7-195.6 ms (``benchmarks/attention_bwd_gluon.py``,
 ``benchmarks/results/h200-perf/attention-bwd-gluon-fused.log``). The float32 dQ sum costs 4 bytes per element of
 the heads it holds: a launch holds at most 1 GiB of it, and the heads go in as many launches as that needs (two of
 0.55 GB at release shape, no slower than one).
@@ -538,7 +538,7 @@ def _backward_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ_SUM, LOCKS,
 
 
 def padded_row_terms(row_max, row_log_sum, delta) -> tuple[torch.Tensor, torch.Tensor]:
-    """The row terms of :func:`dkdv`: row max + log2 row sum (the sum the Triton kernel forms, so P has its bits)
+    """The row terms of :func:`backward`: row max + log2 row sum (the sum the Triton kernel forms, so P has its bits)
     and delta, each (B * H, S) padded with zeros to a whole number of query tiles, so every tile's terms are one
     TMA load (whose rows must start on 16 bytes). Padded rows read as zeros, as the Triton kernel's masked loads."""
     BH, S = row_max.shape

@@ -536,7 +536,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument(
         "--root", metavar="DIR", help="folder the artifact names are relative to (default: the evidence's folder)"
     )
-    verify.add_argument("--profile", help="require this completeness profile instead of the recorded one (release, ci)")
+    verify.add_argument("--profile", help="require this completeness profile instead of the recorded one (release, ci, model-block)")
     verify.set_defaults(run=_verify)
 
     report = commands.add_parser("report", help="render evidence as markdown with PNG plots, for a PR or CI summary")

@@ -72,7 +72,8 @@ def check(q, k, v, dout, names=NAMES):
     return got, ref
 
 
-# (B, S, H, D): every S of the brief with every D at least once, ragged against the 32-wide interpreter tiles.
+# (B, S, H, D): every S of the brief with every D at least once, ragged against the tiles (128 wide under the
+# interpreter, 64 or 128 on a GPU).
 SHAPES = [(2, 7, 3, 64), (1, 65, 3, 128), (2, 65, 1, 32), (1, 130, 1, 64), (1, 130, 3, 32), (1, 300, 1, 128)]
 
 
@@ -97,14 +98,15 @@ def test_single_key(D, dtype):
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("case", ["last_key_dominates", "all_logits_negative"])
 def test_last_partial_key_tile(case, dtype):
-    """S = 65 leaves key 64 alone in the last tile: it must count fully, and the padding after it not at all.
+    """S = 129 leaves key 128 alone in the last tile of every tile size (32 to 128) after full tiles: it must count
+    fully, and the padding after it not at all.
 
-    ``last_key_dominates``: key 64 outscores the others by about 30, so dropping the last tile loses almost all
+    ``last_key_dominates``: key 128 outscores the others by about 30, so dropping the last tile loses almost all
     of the output. ``all_logits_negative``: every real logit is about -30, so a padded key (logit 0) that leaked
     into the softmax would take almost all of the weight. Both broken answers are built in float64 and must be
     far from the reference, which shows the test can fail.
     """
-    B, S, H, D = 1, 65, 2, 32
+    B, S, H, D = 1, 129, 2, 32
     q, k, v, dout = inputs((B, S, H, D), dtype)
     q[..., 0] = math.sqrt(D)  # a key's logit is then its coordinate 0, plus noise of std ~0.4
     k.mul_(0.1)
@@ -113,7 +115,7 @@ def test_last_partial_key_tile(case, dtype):
         broken = sdpa(q.double(), k.double()[:, :-1], v.double()[:, :-1])
     else:
         k[..., 0] = -30.0
-        pad = torch.zeros((B, 96 - S, H, D), dtype=torch.float64, device=DEVICE)
+        pad = torch.zeros((B, -S % 128, H, D), dtype=torch.float64, device=DEVICE)  # a 128-wide last tile's
         broken = sdpa(q.double(), torch.cat([k.double(), pad], 1), torch.cat([v.double(), pad], 1))
     (out, *_), (ref, *_) = check(q, k, v, dout)
     assert rel_l2(broken, ref) > 0.5, "the broken variant is too close to the reference to be caught"
@@ -212,17 +214,36 @@ for size, element in ((2, "*bf16"), (4, "*fp32")):
 """
 
 
-def hopper_heads(S):
+def fused_heads(S):
     """bfloat16 q, k, v of (2, S, 3, 128) cut from one fused projection (outer strides not those of a contiguous
-    tensor), where the Gluon kernels run; under the interpreter, None after asserting it never chooses them."""
+    tensor): on a Hopper GPU with Triton 3.6, the heads the Gluon kernels take."""
     fused = torch.randn((2, S, 3, 3, 128), generator=torch.Generator().manual_seed(S)).to(torch.bfloat16)
-    q, k, v = fused.to(DEVICE).unbind(2)
+    return fused.to(DEVICE).unbind(2)
+
+
+def hopper_heads(S):
+    """:func:`fused_heads`, skipping the test where the Gluon kernels do not run."""
     if INTERPRET:
-        assert not attention_hopper.applies(q)
-        return None
+        pytest.skip("Gluon kernels run on a GPU only (test_the_interpreter_never_chooses_the_gluon_kernels)")
+    q, k, v = fused_heads(S)
     if not attention_hopper.applies(q):
         pytest.skip("the Gluon kernels run on compute capability 9.0 with Triton 3.6 only")
     return q, k, v
+
+
+@pytest.mark.skipif(not INTERPRET, reason="on a GPU the hopper tests below run the Gluon kernels themselves")
+def test_the_interpreter_never_chooses_the_gluon_kernels(monkeypatch):
+    """Under the interpreter the heads the Gluon kernels take on a Hopper GPU must run the Triton kernels, forward
+    and backward (Gluon does not interpret): the dispatch must never reach ``attention_hopper``."""
+
+    def unreachable(*args, **kwargs):
+        raise AssertionError("the interpreter chose a Gluon kernel")
+
+    monkeypatch.setattr(attention_hopper, "forward", unreachable)
+    monkeypatch.setattr(attention_hopper, "backward", unreachable)
+    q, k, v = (t.requires_grad_(True) for t in fused_heads(65))
+    attention(q, k, v).sum().backward()
+    assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in (q, k, v))
 
 
 @pytest.mark.parametrize("S", [1, 63, 64, 65, 128, 129, 300, 1111])
@@ -230,12 +251,8 @@ def test_hopper_forward_has_the_bits_of_the_triton_forward(S):
     """On a Hopper GPU with Triton 3.6 the bfloat16 forward at head_dim 128 runs the Gluon kernel of
     ``attention_hopper``, whose arithmetic is the Triton kernel's step for step: its output and saved row
     statistics must be bitwise the Triton kernel's, for one or two query halves, partial and full last key tiles,
-    two batches, and q, k, v cut from one fused projection (outer strides not those of a contiguous tensor).
-    Gluon kernels do not run under the interpreter, which must never choose it."""
-    heads = hopper_heads(S)
-    if heads is None:
-        return
-    q, k, v = heads
+    two batches, and q, k, v cut from one fused projection (outer strides not those of a contiguous tensor)."""
+    q, k, v = hopper_heads(S)
     outputs = [attention_module._forward_outputs(q) for _ in range(2)]
     attention_module.triton_forward(q, k, v, *outputs[0])
     attention_module.set_scratch_allocator()
@@ -252,12 +269,8 @@ def test_hopper_backward_against_the_triton_backward(S):
     accumulates inside the tensor cores, so dQ must be repeatable bit for bit and within one bfloat16 rounding of
     the Triton kernel's (any lost, doubled or misplaced term is far outside that); heads split over launches (to
     bound the float32 dQ sum's memory) must not change a bit. Cases: one or two key halves, partial and full last
-    tiles (padded rows and keys must vanish), two batches; dO is a strided view as autograd may hand it. The
-    interpreter must never choose the Gluon kernel."""
-    heads = hopper_heads(S)
-    if heads is None:
-        return
-    q, k, v = heads
+    tiles (padded rows and keys must vanish), two batches; dO is a strided view as autograd may hand it."""
+    q, k, v = hopper_heads(S)
     do = torch.randn((2, S, 3, 256), generator=torch.Generator().manual_seed(10_000 + S)).to(torch.bfloat16)
     do = do.to(DEVICE)[..., 64:192]
     o, row_max, row_log_sum = attention_module._forward_outputs(q)
