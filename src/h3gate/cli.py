@@ -356,6 +356,8 @@ def _power(args) -> int:
     print(f"non-discriminating model-gate taps (no mutant exceeded them): {', '.join(report.non_discriminating) or 'none'}")
     for row in report.failures:
         print(f"FAILED {row.subject} x {row.gate}: {row.verdict}: {row.line}")
+    for item in report.blind_kernel_items:
+        print(f"FAILED kernel {item}: rejected none of its op's mutants (its checks cannot see those bugs)")
     if args.json:
         write_atomic(args.json, dumps(report.to_json()))
     return 0 if report.passed else 1

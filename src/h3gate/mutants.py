@@ -214,6 +214,18 @@ def weight_grad_missing_tile(linear):
     return broken
 
 
+def silu_grad_missing(silu_linear):
+    """AdaLN modulation whose temb gradient leaves out SiLU's derivative, as an input-gradient epilogue that forgot
+    it: dY W instead of (dY W) * silu'(temb). Its output and its weight and bias gradients are right."""
+
+    def broken(temb, weight, bias=None):
+        out = silu_linear(temb.detach(), weight, bias)
+        identity = torch.nn.functional.linear(temb.to(weight.dtype), weight.detach())
+        return out + (identity - identity.detach())  # adds exact zeros: only the gradient of temb changes
+
+    return broken
+
+
 def _toward_zero(t: torch.Tensor) -> torch.Tensor:
     """``t`` as a truncating store leaves it: where truncation and rounding to nearest differ (about every other
     value), the value one ULP nearer zero; here every other element, so that runs stay deterministic."""
@@ -395,6 +407,7 @@ MUTANTS = {
         Mutant("swiglu-halves-swapped", "swiglu", ("kernel", "block", "model"), swiglu_halves_swapped),
         Mutant("gemm-bf16-accumulate", "linear", ("kernel",), gemm_bf16_accumulate),
         Mutant("weight-grad-missing-tile", "linear", ("kernel", "block", "model"), weight_grad_missing_tile),
+        Mutant("adaln-silu-grad-missing", "silu_linear", ("kernel", "block", "model"), silu_grad_missing),
         # Systematic precision losses: within 2 x torch's + 2 ULP in relative L2 and max abs; only the kernel
         # gate's bias check sees them (at the block's and model's outputs they stay within the bounds).
         Mutant("swiglu-output-truncated", "swiglu", ("kernel",), output_truncated),

@@ -3,8 +3,10 @@
 A gate earns trust by rejecting what it exists to reject and accepting what it must accept. The report is a
 table subject x gate -> caught / missed (mutants) or accepted / falsely rejected (variants), each with the
 first line of the gate's verdict; it passes when every mutant is caught by every gate meant for it (its
-``caught_by``) and no variant is rejected anywhere. Taps of the model gate that no mutant pushed past their
-bound are listed as non-discriminating: a bound nothing can exceed proves nothing.
+``caught_by``), no variant is rejected anywhere, and every kernel-gate item (op, dtype) of a mutated op rejects at
+least one of its op's mutants: a mutant counts as caught when any item of its op fails, so an item that can never
+fail (a dtype whose checks cannot see any of the bugs) would hide behind its sibling. Taps of the model gate that
+no mutant pushed past their bound are listed as non-discriminating: a bound nothing can exceed proves nothing.
 
 The mutants wrap a base candidate's standalone ops (:mod:`h3gate.mutants`). On a GPU the base is the product,
 ``h3_triton``; on a CPU, where Triton's interpreter makes each h3_triton gate run take minutes, the base can be
@@ -107,6 +109,7 @@ class Report:
     rows: list[Row] = field(default_factory=list)
     tap_failures: dict[str, int] = field(default_factory=dict)  # model gate tap -> mutants that exceeded it
     model_taps: list[str] = field(default_factory=list)
+    kernel_items: dict[str, int] = field(default_factory=dict)  # kernel item of a mutated op -> mutants it rejected
 
     @property
     def failures(self) -> list[Row]:
@@ -115,17 +118,24 @@ class Report:
 
     @property
     def passed(self) -> bool:
-        return bool(self.rows) and not self.failures
+        return bool(self.rows) and not self.failures and not self.blind_kernel_items
 
     @property
     def non_discriminating(self) -> list[str]:
         return sorted(tap for tap in self.model_taps if not self.tap_failures.get(tap))
+
+    @property
+    def blind_kernel_items(self) -> list[str]:
+        """Kernel-gate items that rejected none of their op's mutants."""
+        return sorted(item for item, rejected in self.kernel_items.items() if not rejected)
 
     def to_json(self) -> dict:
         return {
             "passed": self.passed,
             "rows": [{**row.__dict__, "verdict": row.verdict, "ok": row.ok} for row in self.rows],
             "non_discriminating_model_taps": self.non_discriminating,
+            "kernel_items": self.kernel_items,
+            "blind_kernel_items": self.blind_kernel_items,
         }
 
     def table(self) -> str:
@@ -193,18 +203,25 @@ def measure(
             if gate == "kernel" and kind == "variant" and not candidate.mode.every_shape:
                 continue  # n/a in the table: its backend refuses shapes the kernel gate draws; the others gate it
             progress(f"{candidate.name} x {gate}")
-            module = gate_registry.REGISTRY[gate].module
-            try:
-                results = [module.check_item(dataclasses.replace(item, candidate=candidate), bounds) for item, bounds in items]
-            except CandidateError as error:  # NaN or a crash of the candidate: the gate stops it
-                results = [GateResult(gate, {}, [Check.failed("candidate", "error", str(error))])]
+            results = [_check_item(gate, dataclasses.replace(item, candidate=candidate), bounds) for item, bounds in items]
             rejected = [result for result in results if not result.passed]
             line = (rejected or results)[0].summary()
             report.rows.append(Row(candidate.name, kind, gate, gate in meant, bool(rejected), line))
+            if gate == "kernel" and kind == "mutant":
+                for (item, _), result in zip(items, results):
+                    label = " ".join(str(value) for value in item.params.values())
+                    report.kernel_items[label] = report.kernel_items.get(label, 0) + (not result.passed)
             if gate == "model" and kind == "mutant":
                 for check in results[0].failures:
                     report.tap_failures[check.name] = report.tap_failures.get(check.name, 0) + 1
     return report
+
+
+def _check_item(gate: str, item, bounds) -> GateResult:
+    try:
+        return gate_registry.REGISTRY[gate].module.check_item(item, bounds)
+    except CandidateError as error:  # NaN or a crash of the candidate: the gate stops it
+        return GateResult(gate, item.params, [Check.failed("candidate", "error", str(error))])
 
 
 def _applies(params: dict, kind: str, candidate) -> bool:
@@ -223,6 +240,11 @@ def as_result(report: Report, base: Candidate) -> GateResult:
         Check(f"{row.subject} x {row.gate}", "power", 0.0 if row.ok else 1.0, 0.0, row.ok, {"verdict": row.verdict, "line": row.line})
         for row in report.rows
         if row.meant
+    ]
+    checks += [
+        Check(f"kernel {item}", "item_power", float(rejected), 1.0, rejected >= 1, {"mutants_rejected": rejected},
+              direction="min")
+        for item, rejected in sorted(report.kernel_items.items())
     ]
     context = {"base": base.identity(), "non_discriminating": report.non_discriminating}
     return GateResult(GATE, {}, checks, context, {"power_table": report.table(), **report.to_json()})

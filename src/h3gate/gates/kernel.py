@@ -37,10 +37,12 @@ ERROR_FACTOR = 2.0
 FLOOR_ULPS = 2.0
 # Standard errors of its own a candidate's bias may reach beyond torch's: rounding noise stays within a few.
 BIAS_SIGMAS = 5.0
-# The bias is gated at half precision, where a truncating store or a bf16 accumulation errs by a large share of
-# an ULP one way. In float32 a correct kernel's own summation order leaves a mean error that the grouped standard
-# error does not cover (h3_triton: silu_linear's three-row weight gradient at 1.05x its bound, attention's dk at
-# two rows at 1.23x), while a float32 truncation errs by half a float32 ULP; its other checks still apply there.
+# The bias is gated at half precision, where every output is narrowed from a float32 accumulator: a truncating
+# store or a bf16 accumulation errs one way by a large share of an ULP. A float32 output is its accumulator (no
+# narrowing store to get wrong), and there a correct kernel's own summation order leaves a mean error that the
+# grouped standard error does not cover (h3_triton's silu_linear three-row weight gradient at 1.05x the bound,
+# attention's dk at two rows at 1.23x), so the check cannot tell the bug it exists for from correct arithmetic.
+# The float32 items keep every other check, and the power gate requires each to reject a mutant of its op.
 FLOAT32_EPS = torch.finfo(torch.float32).eps
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 
