@@ -31,10 +31,20 @@ def _paths(value) -> set[Path]:
     return set()
 
 
+def _named_artifacts(value) -> set[Path]:
+    """The files under every ``artifacts`` key at any depth of a result's context: the generation gate keeps each
+    workflow's under ``workflows``, and evidence that missed them would let its videos change unseen."""
+    if isinstance(value, dict):
+        return set().union(set(), *(_paths(v) if k == "artifacts" else _named_artifacts(v) for k, v in value.items()))
+    if isinstance(value, list):
+        return set().union(set(), *map(_named_artifacts, value))
+    return set()
+
+
 def _artifacts(results: dict, extra: list[Path]) -> list[Path]:
     paths = set(extra)
     for result in results.values():
-        paths |= _paths(result.get("context", {}).get("artifacts") or {})
+        paths |= _named_artifacts(result.get("context", {}))
     return sorted(path for path in paths if path.is_file())
 
 
