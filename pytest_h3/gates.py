@@ -1,6 +1,8 @@
 """How a gate item of any registered kind calls the engine through the gate protocol (:mod:`h3gate.gates`): freeze
 under --h3-freeze, else load the frozen bounds (a missing file fails at once, before a model is built) and check;
 a :class:`h3gate.candidates.CandidateError` (NaN, a crash of a kernel, a broken op contract) is a failed verdict.
+What a person must fix, whose message says how (a damaged or foreign run folder, a bad or missing file, params that
+do not fit the frozen files), fails the item in that one line: a traceback through the engine would bury it.
 
 A gate that another gate requires (the model gate, which generations wait for) records every outcome of its items
 (passed, failed, crashed, missing bounds) under this run's id, so the waiting items - maybe on other xdist workers -
@@ -10,6 +12,7 @@ end at once when it did not pass.
 from __future__ import annotations
 
 import contextlib
+from typing import NoReturn
 
 import pytest
 
@@ -17,6 +20,8 @@ from h3gate import bounds as bounds_mod
 from h3gate import gate_passes
 from h3gate import gates as registry
 from h3gate.candidates import CandidateError
+from h3gate.files import FileFormatError
+from h3gate.resume import ResumeError
 from h3gate.verdict import Check, GateResult
 from pytest_h3 import distribution
 
@@ -26,18 +31,27 @@ NOT_CLAIMED = pytest.StashKey[str]()
 
 
 def run(item) -> GateResult:
-    """The item's result; a gate that runs out of GPU memory fails in one line, with that memory given back."""
+    """The item's result; a gate that runs out of GPU memory fails in one line, with that memory given back, and so
+    does bad input, in its own line."""
     import torch
 
     try:
         return _run(item)
+    except (ResumeError, FileFormatError, registry.ItemError) as error:
+        _fail(str(error))
     except torch.OutOfMemoryError as error:
         reason = str(error).strip().splitlines()[0]
     # Past the except block the error and its traceback are gone, and with them the frames that held the item's
     # tensors: the next item starts on a free GPU instead of running out of memory in turn.
     torch.cuda.empty_cache()
-    pytest.fail(f"the {item.kind} gate ran out of GPU memory on {item.session.device}: {reason} Free the GPU of other "
-                "processes, or run fewer xdist workers per GPU (--h3-workers-per-gpu)", pytrace=False)
+    _fail(f"the {item.kind} gate ran out of GPU memory on {item.session.device}: {reason} Free the GPU of other "
+         "processes, or run fewer xdist workers per GPU (--h3-workers-per-gpu)")
+
+
+def _fail(message: str) -> NoReturn:
+    """Fail the item in ``message`` alone: pytest would otherwise print the error being handled (and the one that
+    caused it) above it, the same words two or three times."""
+    raise pytest.fail.Exception(message, pytrace=False) from None
 
 
 def _run(item) -> GateResult:
@@ -78,7 +92,7 @@ def _freeze(item, gate: registry.Gate, gate_run: registry.GateRun) -> GateResult
     try:
         frozen = module.freeze_item(gate_run)
     except bounds_mod.BoundsError as error:  # a refusal that says what to do: its line, not a traceback
-        pytest.fail(f"the {gate.name} gate did not freeze: {error}", pytrace=False)
+        _fail(f"the {gate.name} gate did not freeze: {error}")
     item.session.frozen_here.add(path)
     return item.frozen(frozen)
 
@@ -99,8 +113,6 @@ def _check(item, gate: registry.Gate, gate_run: registry.GateRun) -> GateResult:
         return item.missing_bounds(error)
     except CandidateError as error:  # NaN, a crash or a broken op contract: the candidate's verdict, not a crash
         return GateResult(gate.name, item.params, [Check.failed("candidate", "error", str(error))])
-    except registry.ItemError as error:
-        raise pytest.UsageError(f"{item.node.nodeid}: {error}") from None
     except registry.NotClaimed as error:
         item.node.stash[NOT_CLAIMED] = str(error)
         pytest.skip(str(error))

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from h3gate.files import write_json
+from h3gate.files import WriteError, write_json
 from h3gate import gates as registry
 from h3gate.verdict import Check, GateResult
 from pytest_h3 import distribution
@@ -204,8 +204,8 @@ class H3Session:
 
     def finish(self) -> bool:
         """Worker: hand the results to the controller. Otherwise: write results.json, then the evidence. False when
-        the evidence could not be written (the run then fails): the results of every gate that ran are kept first,
-        so hours of gates are never lost to the last step."""
+        either could not be written (the run then fails, the cause in the terminal summary): the results of every
+        gate that ran are kept first, so hours of gates are never lost to the last step."""
         workeroutput = getattr(self.config, "workeroutput", None)
         if workeroutput is not None:
             workeroutput["h3"] = self.ledger.worker_output()
@@ -217,7 +217,12 @@ class H3Session:
         from pytest_h3.report import write_session_evidence
 
         results_path = self.out / "results.json"
-        write_json(results_path, {"schema": "h3gate.results/1", "results": self.ledger.results})
+        try:
+            write_json(results_path, {"schema": "h3gate.results/1", "results": self.ledger.results})
+        except WriteError as error:  # --h3-out looked writable at the start (os.access) but was not, or no longer
+            self.summary.append(f"results NOT written, so neither is the evidence: {error.strerror}, or give "
+                                "--h3-out a folder that can be written")
+            return False
         self.summary.append(f"results: {results_path}")
         try:
             self.summary.append(f"evidence: {write_session_evidence(self, results_path, outcomes)}")

@@ -1,7 +1,8 @@
 """Every pytest-h3 setting checked when the session starts, before any item runs: a typo in a setting must not cost
 a whole run of gates and leave no evidence. Each failure is one line naming the option and the fix, raised as
 pytest's usage error (exit code 4). The checks import nothing heavy: torch only to count the GPUs of a GPU run
-under xdist that leaves CUDA_VISIBLE_DEVICES unset, and cryptography only to read a signing key that was given.
+under xdist that leaves CUDA_VISIBLE_DEVICES unset or to list the provider variants of a freezing session that names
+some (which imports the engine anyway), and cryptography only to read a signing key that was given.
 """
 
 from __future__ import annotations
@@ -47,6 +48,12 @@ def validate(config):
         parse_shard(shard)
     check_workers(config.getoption("--h3-device"), config.getoption("--h3-workers-per-gpu"),
                   getattr(config.option, "numprocesses", None))
+    examples = config.getoption("--h3-kernel-examples")
+    if examples < 1:
+        raise pytest.UsageError(f"--h3-kernel-examples={examples}: give at least 1 (default: 8)")
+    variants = config.getoption("--h3-variants")
+    if variants:
+        _check_variants(variants, config.getoption("--h3-device"))
     return _signing_key(config.getoption("--h3-sign-key"))
 
 
@@ -71,6 +78,21 @@ def _check_candidate(spec: str) -> None:
     if name not in names:
         raise pytest.UsageError(f"--h3-candidate={spec}: no candidate {name!r} is installed; installed: "
                                 f"{', '.join(sorted(names))} (`h3gate candidates` lists them)")
+
+
+def _check_variants(spec: str, device_option: str) -> None:
+    """Each name must be a provider variant of the device the gates run on: otherwise every freeze item fails on it.
+    Golden and the provider are no variants: calibrating from them would measure no spread of legitimate arithmetic."""
+    from h3gate import numerics
+    from pytest_h3.session import H3Session
+
+    device = H3Session.resolve_device(device_option)
+    valid = [mode.name for mode in numerics.variants(device)]
+    unknown = [name for name in spec.split(",") if name not in valid]
+    if unknown:
+        raise pytest.UsageError(f"--h3-variants={spec}: {', '.join(map(repr, unknown))} not among the provider "
+                                f"variants on {numerics.device_type(device)}; give a comma-separated list of "
+                                f"{', '.join(valid)} (`h3gate variants` lists them)")
 
 
 def _signing_key(path):

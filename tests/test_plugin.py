@@ -17,20 +17,48 @@ def test_model(h3_gate):
 """
 
 
+GENERATION_TEST = """
+import pytest
+
+@pytest.mark.h3_gate("generation", seeds=[{seeds}], contract="{contract}")
+def test_generation(h3_gate):
+    result = h3_gate.run()
+    assert result.passed, result.report()
+"""
+PREFLIGHT = ("tiny/generation-preflight-contract.json", "tiny/cpu/generation-preflight-bounds.json")
+
+
 @pytest.fixture
 def project(pytester):
     """A fresh project with the tiny model's contract (locked) and no bounds yet."""
-    (pytester.path / "thresholds" / "tiny").mkdir(parents=True)
-    shutil.copy(THRESHOLDS / "tiny" / "model-contract.json", pytester.path / "thresholds" / "tiny")
-    from h3gate.bounds import lock_files
-
-    lock_files(pytester.path / "thresholds", [pytester.path / "thresholds" / "tiny" / "model-contract.json"])
+    _add_frozen(pytester, "tiny/model-contract.json")
     pytester.makepyfile(test_gate=GATE_TEST)
     return pytester
 
 
+def _add_frozen(project, *names):
+    """Copy these files of the repository's thresholds folder into the project's, and lock them."""
+    from h3gate.bounds import lock_files
+
+    thresholds = project.path / "thresholds"
+    for name in names:
+        (thresholds / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(THRESHOLDS / name, thresholds / name)
+    lock_files(thresholds, [thresholds / name for name in names])
+
+
 def _run(project, *args):
     return project.runpytest("-p", "no:cacheprovider", "--h3-candidate=provider", "--h3-device=cpu", *args)
+
+
+def _failed_in_one_line(result, test: str, message: str) -> None:
+    """The item failed with ``message`` right under its header: no traceback, no repeated chained errors."""
+    assert result.ret == pytest.ExitCode.TESTS_FAILED, result.stdout.str()
+    output = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in output and "INTERNALERROR" not in output, output
+    assert not [line for line in result.stdout.lines if line.startswith("E ")], output
+    header = test.translate({ord("["): "[[]", ord("]"): "[]]"})  # fnmatch's brackets, taken literally
+    result.stdout.fnmatch_lines([f"*_ {header} _*", message], consecutive=True)
 
 
 def test_markers_are_registered(pytester):
@@ -155,3 +183,75 @@ def test_tampered_bounds_are_refused_at_session_start(project):
     result = _run(project, "-m", "gate")
     assert result.ret != 0
     result.stderr.fnmatch_lines(["*model-bounds.json does not match its digest*"])
+
+
+def _truncate(path):
+    path.write_text(path.read_text()[:60])
+
+
+def _foreign(path):
+    path.write_text(json.dumps({**json.loads(path.read_text()), "code": "other"}))
+
+
+DAMAGES = [  # what damages the provider's run folder F, and the line its item fails with
+    (lambda f: _truncate(f / "run.json"), "{f}/run.json: not valid JSON (*); expected a run identity; move {f} away "
+     "or delete it to start afresh"),
+    (lambda f: _truncate(f / "finished.json"), "{f}/finished.json: not valid JSON (*); expected a finished run record; "
+     "move {f} away or delete it to start afresh"),
+    (lambda f: (f / "step-0000.safetensors").unlink(),
+     "{f}/step-0000.safetensors (step 1/1) is missing; move {f} away*"),
+    (lambda f: _foreign(f / "run.json"), "{f} holds a generation of another identity, which is never overwritten*"),
+    (lambda f: (f / "run.json").unlink(), "{f} holds step files but no run.json: *move it away"),
+]
+
+
+def test_a_damaged_or_foreign_run_folder_fails_its_item_in_one_line(project):
+    _add_frozen(project, *PREFLIGHT)
+    project.makepyfile(test_generation=GENERATION_TEST.format(seeds=42, contract="generation-preflight"))
+    args = ("-m", "gate", "--h3-skip-model-gate=no model gate in this test", "test_generation.py")
+    _run(project, *args).assert_outcomes(passed=1)
+    runs = project.path / "h3-out" / "generation" / "tiny" / "generation-preflight"
+    folder = next(runs.glob("provider-*/fl2va-seed42"))
+    pristine = shutil.copytree(folder, project.path / "pristine")
+    for damage, message in DAMAGES:
+        shutil.rmtree(folder)
+        shutil.copytree(pristine, folder)
+        damage(folder)
+        _failed_in_one_line(_run(project, *args), "test_generation[seed42]",
+                            message.format(f=folder.relative_to(project.path)))
+
+
+def test_a_missing_generation_contract_fails_in_one_line_naming_the_fix(project):
+    _add_frozen(project, *PREFLIGHT)
+    project.makepyfile(test_generation=GENERATION_TEST.format(seeds=42, contract="nope"))
+    result = _run(project, "-m", "gate", "test_generation.py")
+    _failed_in_one_line(result, "test_generation[seed42]", "*/thresholds/tiny/nope-contract.json: no generation "
+                        "contract 'nope' for tiny (there: generation-preflight); mark the test with one of those "
+                        "(contract=...), or write the default contracts with `h3gate contracts --model <--h3-model> "
+                        "--thresholds *`")
+
+
+def test_a_seed_outside_the_contract_fails_in_one_line(project):
+    _add_frozen(project, *PREFLIGHT)
+    project.makepyfile(test_generation=GENERATION_TEST.format(seeds=99, contract="generation-preflight"))
+    result = _run(project, "-m", "gate", "test_generation.py")
+    _failed_in_one_line(result, "test_generation[seed99]", "seed 99 is not among */generation-preflight-contract."
+                        "json's seeds [[]42[]]: mark the test with those (seeds=[[]42[]]) or another contract")
+
+
+def test_results_that_cannot_be_written_fail_the_run_in_one_line(project):
+    project.makeconftest("""
+import shutil
+
+def pytest_sessionfinish(session):
+    out = session.config.rootpath / "h3-out"
+    shutil.rmtree(out, ignore_errors=True)
+    out.write_text("")  # a file where the results go, which looked like a writable folder at the start
+""")
+    result = _run(project, "-m", "gate")
+    assert result.ret == pytest.ExitCode.INTERNAL_ERROR, result.stdout.str()
+    output = result.stdout.str() + result.stderr.str()
+    assert "Traceback" not in output and "INTERNALERROR" not in output, output
+    result.stdout.fnmatch_lines(["results NOT written, so neither is the evidence: cannot write h3-out/results.json "
+                                 "(*); * then run again, or give --h3-out a folder that can be written"])
+    assert (project.path / "h3-out").read_text() == "", "nothing half-written"

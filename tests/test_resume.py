@@ -18,7 +18,6 @@ import torch
 from filelock import FileLock
 
 from h3gate import generation_contract, resume
-from h3gate.files import FileFormatError
 from h3gate.gates.generation import run_generation
 
 from conftest import THRESHOLDS
@@ -134,12 +133,26 @@ def test_a_damaged_step_file_is_named(reference, damage):
             pass
 
 
-def test_a_damaged_sidecar_is_named(reference):
+def _truncate(path):
+    path.write_text(path.read_text()[:20])
+
+
+@pytest.mark.parametrize("damage, says", [
+    (lambda f: _truncate(f / "step-0004.json"), r"step-0004\.json: not valid JSON .*; expected a step sidecar"),
+    (lambda f: _truncate(f / "run.json"), r"run\.json: not valid JSON .*; expected a run identity"),
+    (lambda f: _truncate(f / "finished.json"), r"finished\.json: not valid JSON .*; expected a finished run record"),
+    (lambda f: (f / "finished.json").write_text('{"schema": "other"}'), r"finished\.json: schema is 'other'"),
+    (lambda f: (f / "step-0001.json").write_text("{}"), r"step-0001\.json is not the sidecar of step 1"),
+], ids=["sidecar", "identity", "finished", "finished-schema", "sidecar-schema"])
+def test_a_damaged_record_is_a_corrupt_run_with_its_fix(reference, damage, says):
+    """Not the JSON reader's error: the folder's, naming it and what to do with it, which the gate reports as is."""
     _, folder = reference
-    (folder / "step-0004.json").write_text('{"schema": "h3gate.step/1", "step": ')
-    with pytest.raises(FileFormatError, match=r"step-0004\.json: not valid JSON"):
+    damage(folder)
+    before = files(folder)
+    with pytest.raises(resume.CorruptRun, match=f"{says}.*move {re.escape(str(folder))} away"):
         with resume.Run(folder, IDENTITY, CALLS):
             pass
+    assert files(folder) == before, "a refused folder is left exactly as it was"
 
 
 def test_every_replayed_input_is_checked(tmp_path):

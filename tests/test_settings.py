@@ -36,6 +36,7 @@ def _refused(project, *args, env=None):
     result = project.runpytest("-p", "no:cacheprovider", "--h3-device=cpu", *args)
     assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
     assert "1 passed" not in result.stdout.str() and "a gate item ran" not in result.stdout.str()
+    assert "Traceback" not in result.stdout.str() + result.stderr.str()
     errors = [line for line in result.stderr.lines if line.startswith("ERROR:")]
     assert len(errors) == 1, result.stderr.str()
     return errors[0]
@@ -82,6 +83,22 @@ def test_a_candidate_that_cannot_be_built(project, spec, says):
 
 def test_a_bad_shard(project):
     assert "--h3-shard='3/2'" in _refused(project, "--h3-shard=3/2")
+
+
+@pytest.mark.parametrize("examples", ["0", "-1"])
+def test_kernel_examples_below_one(project, examples):
+    assert _refused(project, f"--h3-kernel-examples={examples}") == \
+        f"ERROR: --h3-kernel-examples={examples}: give at least 1 (default: 8)"
+
+
+@pytest.mark.parametrize("spec, names", [
+    ("sdpa-mathh", "'sdpa-mathh'"), ("golden", "'golden'"), ("sdpa-math,provider", "'provider'"),
+    ("sdpa-math,", "''"),
+])
+def test_variants_that_are_no_provider_variant_of_the_device(project, spec, names):
+    line = _refused(project, "--h3-freeze", f"--h3-variants={spec}")
+    assert line.startswith(f"ERROR: --h3-variants={spec}: {names} not among the provider variants on cpu; give a "
+                           "comma-separated list of sdpa-math, sdpa-flash, threads-1"), line
 
 
 def test_good_settings_run_the_session(project, tmp_path):

@@ -29,7 +29,9 @@ Rules:
   are copied to host memory first, while the device waits (26 MB at release size); their sha256 is computed
   while the transformer runs. The first call and replayed calls hash before going on, since their digests
   decide whether the run may continue.
-- On open every step file and artifact is checked against its recorded sha256; a damaged one is named.
+- On open every step file and artifact is checked against its recorded sha256; a damaged one is named, and so is
+  a record that is not what this tool writes (truncated JSON, another schema): :class:`CorruptRun`, never a
+  silent new start.
 - SIGTERM and SIGINT (handled in the main thread, the only one Python delivers signals to) let the current call
   finish and its step file land; then :class:`Preempted` (a KeyboardInterrupt) says "preempted at step k/N; run
   the same command to resume".
@@ -287,11 +289,7 @@ class Run:
         self._lock = FileLock(str(self.folder / LOCK_FILE))
         self._acquire()
         try:
-            self._check_identity()
-            for partial in self.folder.glob(".*.partial"):  # left by a killed writer; never a complete file
-                partial.unlink()
-            self.saved = self._scan_steps()
-            self.finished = self._read_finished()
+            self._open()
         except BaseException:
             self._lock.release()
             raise
@@ -341,6 +339,19 @@ class Run:
                 f"{self.lock_timeout:g} s: wait for that process to finish or stop it; two processes never share a "
                 "run folder"
             ) from None
+
+    def _open(self) -> None:
+        """Check what the folder holds. A file of it that this tool would not have written (truncated, foreign,
+        hand-edited) is a :class:`CorruptRun` like a damaged step: a bad file of the folder is the folder's damage,
+        and its fix is the folder's."""
+        try:
+            self._check_identity()
+            for partial in self.folder.glob(".*.partial"):  # left by a killed writer; never a complete file
+                partial.unlink()
+            self.saved = self._scan_steps()
+            self.finished = self._read_finished()
+        except FileFormatError as error:
+            raise CorruptRun(f"{error}; move {self.folder} away or delete it to start afresh") from error
 
     def _check_identity(self) -> None:
         path = self.folder / IDENTITY_FILE

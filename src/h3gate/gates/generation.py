@@ -723,11 +723,26 @@ def _same_start_passed(workflow: str) -> Check:
 
 def contract_of(run) -> GenerationContract:
     """The item's contract: ``thresholds/<model>/<contract>-contract.json``, ``contract=`` of the marker (default
-    ``generation``)."""
+    ``generation``). Read first by every item, so a missing contract or a seed it does not list fails before a model
+    is built: the first with the contracts that exist and the command that writes the defaults, the second as an
+    :class:`ItemError` naming the seeds to mark."""
     from h3gate import generation_contract
 
     name = run.options.get("contract", GATE)
-    return generation_contract.load(Path(run.thresholds) / run.model_name / f"{name}-contract.json")
+    path = Path(run.thresholds) / run.model_name / f"{name}{generation_contract.SUFFIX}"
+    if not path.is_file():
+        names = sorted(found.name.removesuffix(generation_contract.SUFFIX)
+                       for found in path.parent.glob(f"*{generation_contract.SUFFIX}"))
+        present = ", ".join(other for other in names if other != "model") or "none"  # model: the model gate's contract
+        raise FileFormatError(path, f"no generation contract {name!r} for {run.model_name} (there: {present}); "
+                                    "mark the test with one of those (contract=...), or write the default contracts "
+                                    f"with `h3gate contracts --model <--h3-model> --thresholds {run.thresholds}`")
+    contract = generation_contract.load(path)
+    seed = run.params.get("seed")
+    if seed is not None and seed not in contract.seeds:
+        raise ItemError(f"seed {seed} is not among {path}'s seeds {list(contract.seeds)}: mark the test with those "
+                        f"(seeds={list(contract.seeds)}) or another contract")
+    return contract
 
 
 def items(run) -> list[dict]:
@@ -749,12 +764,8 @@ def freeze_item(run) -> GenerationBounds:
 
 
 def check_item(run, frozen: GenerationBounds) -> GateResult:
-    contract = contract_of(run)
-    seed = run.params["seed"]
-    if seed not in contract.seeds:
-        raise ItemError(f"seed {seed} is not among {contract.path}'s seeds {list(contract.seeds)}")
     try:
-        return check(run.model, run.candidate, contract, frozen, run.device, seed, run.out,
+        return check(run.model, run.candidate, contract_of(run), frozen, run.device, run.params["seed"], run.out,
                      verify_last_step=run.verify_last_step, progress=run.stream,
                      model_gate_override=run.required_override)
     except gate_passes.NotPassed as error:
