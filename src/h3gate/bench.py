@@ -435,11 +435,21 @@ def machine() -> dict:
     return {k: facts[k] for k in ("python", "torch", "cuda", "driver", "triton", "diffusers", "gpus")}
 
 
+def check_ops(ops) -> None:
+    """An unknown op is refused before anything is timed, never skipped: a report missing an op asked for would pass
+    for a complete one."""
+    known = [op.name for op, _ in CASES]
+    unknown = [op for op in ops or () if op not in known]
+    if unknown:
+        raise ValueError(f"--ops: unknown ops {', '.join(unknown)}; choose among {', '.join(known)}")
+
+
 def run(candidate, shape: str, device: str, ops=None, block=True, step_layers: int | None = None, progress=print,
         on_section=lambda report: None, grad_kind: str = "random") -> dict:
     """Every section in turn; ``on_section`` sees the report after each, so a later failure loses nothing."""
     if grad_kind not in OUTPUT_GRADS:
         raise ValueError(f"output gradient {grad_kind!r} is not one of {OUTPUT_GRADS}")
+    check_ops(ops)
     report = {"shape": shape, "device": device, "machine": machine(), "ceilings": ceilings(device),
               "candidate": candidate.identity(), "output_grad": grad_kind}
     report["ops"] = bench_ops(candidate, shape, device, ops, progress, grad_kind)

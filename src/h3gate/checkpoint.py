@@ -169,8 +169,9 @@ def _expected_shapes(folder: Path, cls: type) -> dict[str, tuple[int, ...]]:
                 model = cls.from_config(cls.load_config(folder))
             else:
                 model = cls._from_config(cls.config_class.from_pretrained(folder))
-    except (OSError, ValueError, TypeError, KeyError) as error:
-        raise CheckpointError(f"{folder / 'config.json'}: not a config of {cls.__name__} ({error})".replace("\n", " ")) from error
+    except (OSError, ValueError, TypeError, LookupError, ArithmeticError, RuntimeError) as error:  # a negative size
+        raise CheckpointError(f"{folder / 'config.json'}: not a valid {cls.__name__} config ({error}); restore it or "
+                              "copy the checkpoint again".replace("\n", " ")) from error
     return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
 
 

@@ -39,6 +39,7 @@ import torch
 from diffusers import ModelMixin
 from diffusers.modular_pipelines import MiniMaxH3Blocks
 from huggingface_hub import split_torch_state_dict_into_shards
+from huggingface_hub.serialization._base import parse_size_to_int  # what split_torch_state_dict_into_shards parses with
 from safetensors.torch import save_file
 from tqdm import tqdm
 
@@ -226,6 +227,19 @@ def _check_room(folder: Path, weights: dict[str, ModelWeights], preset: str) -> 
     return need
 
 
+def _shard_bytes(size: int | str) -> int:
+    """``--max-shard-size`` in bytes (huggingface_hub's parsing), checked before anything is built: the library
+    would refuse it only at the first shard, after the weights are made."""
+    try:
+        value = size if isinstance(size, int) else parse_size_to_int(size)
+    except (ValueError, OverflowError):  # no unit, no number, inf or nan
+        value = 0
+    if value <= 0:
+        raise CheckpointError(f"--max-shard-size {size}: not a positive size; give a number and a unit, e.g. 5GB or "
+                              "500MB")
+    return value
+
+
 def make(preset: str, folder: str | os.PathLike, components: Sequence[str] | None = None, seed: int = 0,
          max_shard_size: int | str = MAX_SHARD_SIZE, progress=None, layers: int | None = None) -> Path:
     """Write the checkpoint folder of an embedded preset or of the release preset (all components, or
@@ -248,10 +262,15 @@ def make(preset: str, folder: str | os.PathLike, components: Sequence[str] | Non
     if layers is not None and (preset != RELEASE or not 1 <= layers <= full):
         raise CheckpointError(f"--layers {layers}: only the {RELEASE} preset's transformers are cut, to 1 to {full} "
                               f"blocks" + ("" if preset == RELEASE else f"; {preset!r} is written whole"))
+    max_shard_size = _shard_bytes(max_shard_size)
     folder = Path(folder)
     if folder.exists():
         raise CheckpointError(f"{folder}: exists; a checkpoint is written into a new folder")
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # a file where a parent folder should be; no permission
+        raise CheckpointError(f"{folder}: cannot create its parent folder ({error.strerror}: {error.filename}); "
+                              "give DIR under a folder you can write") from error
     weights = _weights(preset, names, seed, layers)
     need = _check_room(folder, weights, preset)
     partial = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}.", suffix=".partial"))

@@ -13,6 +13,9 @@ from pathlib import Path
 def _variants(args) -> int:
     from h3gate import numerics
 
+    problem = _device_problem(args.device)
+    if problem:
+        return _refuse("variants", 2, problem)
     for mode in (numerics.GOLDEN, numerics.PROVIDER, *numerics.variants(args.device)):
         print(f"{mode.name:16s} {mode.description}")
     return 0
@@ -38,13 +41,20 @@ def _capture(args) -> int:
     if not path.name.endswith(block.CAPTURE_SUFFIX):
         print(f"h3gate capture: {path} is not a block capture (block<N>{block.CAPTURE_SUFFIX})", file=sys.stderr)
         return 2
+    bounds = path.with_name(path.name.removesuffix(block.CAPTURE_SUFFIX) + "-bounds.json")
+    if not bounds.is_file():
+        return _refuse("capture", 2, f"{path} has no {bounds.name} beside it: give the capture's path under "
+                       "thresholds/<model>/<device class>/, where its block's bounds were frozen")
     device = args.device or ("cpu" if path.parent.name == "cpu" else "cuda")
     try:
         model = load_model(args.model or path.parent.parent.name)
+    except ModelError as error:
+        named = "" if args.model else " (as --model; the default is the thresholds folder's name)"
+        return _refuse("capture", 2, f"{error}{named}")
+    try:
         written = block.recapture(path, model, device)
-    except (BoundsError, ModelError) as error:
-        print(f"h3gate capture: {error}", file=sys.stderr)
-        return 1
+    except BoundsError as error:
+        return _refuse("capture", 1, str(error))
     print(f"captured {written}: bitwise the frozen capture")
     return 0
 
@@ -60,7 +70,9 @@ def _candidates(args) -> int:
 
 
 def _lock(args) -> int:
+    from h3gate import contract, generation_contract
     from h3gate.bounds import lock_files
+    from h3gate.files import FileFormatError
 
     thresholds = Path(args.thresholds).resolve()
     paths = [Path(p).resolve() for p in args.contracts]
@@ -71,7 +83,15 @@ def _lock(args) -> int:
         if thresholds not in path.parents:
             print(f"h3gate lock: {path} is not under {thresholds}", file=sys.stderr)
             return 2
-    lock_files(thresholds, paths)
+    try:
+        for path in paths:  # a contract its gate cannot read is never locked
+            if path.name == "model-contract.json":
+                contract.load_model_contract(path)
+            else:
+                generation_contract.load(path)
+        lock_files(thresholds, paths)
+    except (FileFormatError, OSError) as error:
+        return _refuse("lock", 2, str(error))
     for path in paths:
         print(f"locked {path.relative_to(thresholds)}")
     return 0
@@ -98,6 +118,9 @@ def _checkpoint_make(args) -> int:
     from h3gate.checkpoint import CheckpointError
     from h3gate.checkpoint_writer import make
 
+    problem = _free_folder(Path(args.folder).parent)
+    if problem:
+        return _refuse("checkpoint make", 2, f"DIR {args.folder}: {problem}")
     components = args.components.split(",") if args.components else None
     try:
         folder = make(args.preset, args.folder, components, args.seed, args.max_shard_size, progress=sys.stderr,
@@ -113,9 +136,12 @@ def _contracts(args) -> int:
     from h3gate import contract_defaults, status
     from h3gate.bounds import BoundsError
 
+    problem = _free_folder(Path(args.thresholds))
+    if problem:
+        return _refuse("contracts", 2, f"--thresholds {args.thresholds}: {problem}")
     try:
         paths = contract_defaults.write(args.model, args.thresholds, args.replace)
-    except (BoundsError, ValueError) as error:
+    except (BoundsError, ValueError, OSError) as error:
         return _refuse("contracts", 2, str(error))
     for path in paths:
         print(f"wrote and locked {path}" + (f" (replaced: {args.replace})" if args.replace else ""))
@@ -155,6 +181,10 @@ VERIFY_CODES = """exit codes:
      or verdict fields that do not follow from the recorded tests
   11 --allow-unsigned: every other check holds, but no trusted signature vouches for the verdict
   12 the evidence qualifies another candidate or model than --expect-candidate / --expect-model"""
+REPORT_CODES = """exit codes:
+  0  the report is written
+  2  usage: bad arguments, missing evidence, an output path that cannot be written
+  9  malformed evidence: not a DSSE envelope of an h3gate statement, or a test result lacks what the report shows"""
 MERGE_CODES = """exit codes:
   0  merged
   2  usage: bad arguments, unreadable key, missing shard
@@ -182,6 +212,16 @@ def _free_folder(path: Path) -> str | None:
     if blocking is not None and not blocking.is_dir():
         return f"{blocking} is a file, not a folder: give a folder"
     return None
+
+
+def _device_problem(device: str | None) -> str | None:
+    """Why ``--device`` names no device the gates run on, or None; torch would accept others (mps, meta) and fail
+    later, or refuse a typo with a traceback."""
+    import re
+
+    if device is None or re.fullmatch(r"cpu|cuda(:\d+)?", device):
+        return None
+    return f"--device {device}: not a device; use cpu, cuda or cuda:N"
 
 
 def _keygen(args) -> int:
@@ -243,6 +283,9 @@ def _report(args) -> int:
     if not evidence.exists():
         return _refuse("report", 2, f"evidence {evidence} does not exist")
     out = Path(args.out) if args.out else (evidence if evidence.is_dir() else evidence.parent) / "report.md"
+    problem = _free_folder(out.parent)
+    if problem:
+        return _refuse("report", 2, f"-o {out}: {problem}")
     try:
         print(printable(write_report(evidence, out)))
     except EvidenceError as error:
@@ -250,6 +293,8 @@ def _report(args) -> int:
     except (KeyError, TypeError, AttributeError) as error:  # a well-formed statement without a field shown
         return _refuse("report", EXIT_CODES["malformed"], f"malformed: a test result lacks what the report shows "
                        f"({type(error).__name__}: {error}); `h3gate verify` says whether the evidence holds")
+    except OSError as error:  # a WriteError: no room, no permission
+        return _refuse("report", 2, str(error))
     return 0
 
 
@@ -301,6 +346,9 @@ def _bench(args) -> int:
     from h3gate.candidates import load
     from h3gate.files import dumps, write_atomic
 
+    problem = _device_problem(args.device)
+    if problem:
+        return _refuse("bench", 2, problem)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     shape = args.shape or ("release" if device.startswith("cuda") else "small")
     command = "h3gate " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -310,11 +358,17 @@ def _bench(args) -> int:
         if args.out:
             write_atomic(args.out, dumps({**report, "command": command}))
 
+    ops = args.ops.split(",") if args.ops else None
+    try:
+        candidate = load(args.candidate)
+        bench.check_ops(ops)
+    except ValueError as error:  # an unknown candidate or op, refused before any timing
+        return _refuse("bench", 2, str(error))
     bench.run(
-        load(args.candidate),
+        candidate,
         shape,
         device,
-        ops=args.ops.split(",") if args.ops else None,
+        ops=ops,
         block=not args.no_block,
         step_layers=args.step_layers or None,
         progress=lambda message: print(f"  timing {message}", file=sys.stderr, flush=True),
@@ -335,9 +389,12 @@ def _power(args) -> int:
     from h3gate.bounds import BoundsError
     from h3gate.files import FileFormatError
 
+    problem = _device_problem(args.device)
+    if problem:
+        return _refuse("power", 2, problem)
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    base = load(args.base or ("h3_triton" if device.startswith("cuda") else "provider"))
     try:
+        base = load(args.base or ("h3_triton" if device.startswith("cuda") else "provider"))
         report = power.measure(
             load_model(args.model),
             device,
@@ -541,7 +598,12 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--profile", help="require this completeness profile instead of the recorded one (release, ci, model-block)")
     verify.set_defaults(run=_verify)
 
-    report = commands.add_parser("report", help="render evidence as markdown with PNG plots, for a PR or CI summary")
+    report = commands.add_parser(
+        "report",
+        help="render evidence as markdown with PNG plots, for a PR or CI summary",
+        epilog=REPORT_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     report.add_argument("evidence", metavar="EVIDENCE", help="evidence.json (or the folder holding it)")
     report.add_argument(
         "-o",

@@ -103,9 +103,12 @@ def defaults(spec: str) -> dict[str, dict]:
 
 def write(spec: str, thresholds: str | os.PathLike, replace_reason: str | None = None) -> list[Path]:
     """Write the default contracts of ``spec`` under ``thresholds/<model name>/`` and lock them; existing contracts
-    are replaced only with a reason (checked for all before any is written). Each file is written atomically."""
+    are replaced only with a reason, and the lock must be readable (both checked before any is written). Each file is
+    written atomically, and should writing or locking fail all are put back as they were: a contract left unlocked
+    would block the rerun that fixes the failure."""
     thresholds = Path(thresholds)
     folder = thresholds / status.model_name(spec)
+    bounds.read_lock(thresholds)
     contents = defaults(spec)
     existing = [folder / name for name in contents if (folder / name).exists()]
     if existing and not replace_reason:
@@ -113,11 +116,19 @@ def write(spec: str, thresholds: str | os.PathLike, replace_reason: str | None =
             f"{existing[0]} exists: contracts are not overwritten (their bounds were frozen for them); pass "
             "--replace='<reason>' to write the defaults anyway"
         )
-    paths = []
-    for name, content in contents.items():
-        write_atomic(folder / name, dumps(content))
-        paths.append(folder / name)
-    bounds.lock_files(thresholds, paths)
+    paths = [folder / name for name in contents]
+    previous = {path: path.read_bytes() for path in existing}
+    try:
+        for path, content in zip(paths, contents.values()):
+            write_atomic(path, dumps(content))
+        bounds.lock_files(thresholds, paths)
+    except BaseException:
+        for path in paths:
+            if path in previous:
+                write_atomic(path, previous[path])
+            else:
+                path.unlink(missing_ok=True)
+        raise
     return paths
 
 

@@ -58,6 +58,10 @@ def transformer_folder(root: Path) -> Path | None:
 
 def _checkpoint_config(spec: str) -> dict:
     folder = transformer_folder(Path(spec))
+    if folder is None and Path(spec).is_dir():
+        raise ValueError(f"{spec} is a folder but not a MiniMax-H3 checkpoint: it holds neither "
+                         "transformer/config.json nor config.json; pass a checkpoint folder (h3gate checkpoint make "
+                         "writes one)")
     if folder is None:
         raise ValueError(f"unknown model {spec!r}: use one of {', '.join(TRANSFORMER_CONFIGS)} or a checkpoint folder")
     path = folder / "config.json"
