@@ -36,9 +36,8 @@ def run(item) -> GateResult:
     import torch
 
     try:
-        return _run(item)
-    except (ResumeError, FileFormatError, registry.ItemError) as error:
-        _fail(str(error))
+        with failing_in_one_line():
+            return _run(item)
     except torch.OutOfMemoryError as error:
         reason = str(error).strip().splitlines()[0]
     # Past the except block the error and its traceback are gone, and with them the frames that held the item's
@@ -46,6 +45,16 @@ def run(item) -> GateResult:
     torch.cuda.empty_cache()
     _fail(f"the {item.kind} gate ran out of GPU memory on {item.session.device}: {reason} Free the GPU of other "
          "processes, or run fewer xdist workers per GPU (--h3-workers-per-gpu)")
+
+
+@contextlib.contextmanager
+def failing_in_one_line():
+    """Bad input a person must fix, whose message says how, fails the test in that message: a gate item, and the
+    fixtures a team's own tests call (``h3_generation``, ``h3_bounds``)."""
+    try:
+        yield
+    except (ResumeError, FileFormatError, registry.ItemError) as error:
+        _fail(str(error))
 
 
 def _fail(message: str) -> NoReturn:

@@ -367,6 +367,8 @@ def h3_generation(request, h3_session):
     from h3gate import generation_contract, numerics
     from h3gate.gates import generation
     from h3gate.gates.threshold import CANDIDATE
+    from h3gate.generation_contract import SUFFIX
+    from pytest_h3.gates import failing_in_one_line
     from pytest_h3.progress import Terminal
 
     made = request.node.stash.setdefault(GENERATIONS, [])
@@ -375,12 +377,13 @@ def h3_generation(request, h3_session):
         if role == CANDIDATE and h3_session.freezing:
             raise pytest.UsageError("h3_generation: the candidate does not run under --h3-freeze (freezing measures "
                                     "the provider and its variants only)")
-        loaded = generation_contract.load(h3_session.thresholds / h3_session.model_name / f"{contract}-contract.json")
-        mode = numerics.PROVIDER if role in (CANDIDATE, numerics.PROVIDER.name) else numerics.get(role, h3_session.device)
-        result = generation.run_generation(
-            h3_session.model, loaded, seed, h3_session.device, h3_session.out, workflow=workflow, mode=mode,
-            candidate=h3_session.candidate if role == CANDIDATE else None, progress=Terminal(request.config),
-        )
+        with failing_in_one_line():
+            loaded = generation_contract.load(h3_session.thresholds / h3_session.model_name / f"{contract}{SUFFIX}")
+            mode = numerics.PROVIDER if role in (CANDIDATE, numerics.PROVIDER.name) else numerics.get(role, h3_session.device)
+            result = generation.run_generation(
+                h3_session.model, loaded, seed, h3_session.device, h3_session.out, workflow=workflow, mode=mode,
+                candidate=h3_session.candidate if role == CANDIDATE else None, progress=Terminal(request.config),
+            )
         made.append(result)
         return result
 
@@ -425,7 +428,10 @@ def h3_bounds(request, h3_session, record_property):
             raise pytest.UsageError(f"h3_bounds: unknown gate {gate!r}; gates: {', '.join(registry.kinds())}")
         options = {key: value for key, value in params.items() if key not in list_params}
         items = {key: value for key, value in params.items() if key in list_params}
-        return h3_session.gate(gate, items, options, request.node, record_property).bounds()
+        from pytest_h3.gates import failing_in_one_line
+
+        with failing_in_one_line():
+            return h3_session.gate(gate, items, options, request.node, record_property).bounds()
 
     return bounds
 

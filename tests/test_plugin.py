@@ -239,6 +239,19 @@ def test_a_seed_outside_the_contract_fails_in_one_line(project):
                         "json's seeds [[]42[]]: mark the test with those (seeds=[[]42[]]) or another contract")
 
 
+def test_the_generation_fixture_fails_a_teams_test_in_one_line_on_a_missing_contract(project):
+    """A team's own test calling ``h3_generation`` meets the same bad input as the gate: the same one line."""
+    project.makepyfile(test_own="""
+import pytest
+
+@pytest.mark.h3_gate("threshold")
+def test_own(h3_generation, h3_threshold):
+    h3_generation(42, "provider", contract="nope")
+""")
+    result = _run(project, "test_own.py")
+    _failed_in_one_line(result, "test_own", "*/thresholds/tiny/nope-contract.json: missing*")
+
+
 def test_results_that_cannot_be_written_fail_the_run_in_one_line(project):
     project.makeconftest("""
 import shutil
