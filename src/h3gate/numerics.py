@@ -78,12 +78,14 @@ def device_type(device: str | torch.device) -> str:
 
 
 def variants(device: str | torch.device) -> tuple[Mode, ...]:
-    """The provider variants that exist on ``device``'s type. On a CPU whose ATen kernels run at the ``default``
-    dispatch level (no AVX2), inductor's C++ code does not build (torch 2.13: ``'at::vec' has not been declared``), so
-    ``compiled`` is not offered there."""
+    """The provider variants that exist on ``device``'s type. On a CPU ``compiled`` is offered only where ATen runs
+    the vector level it chose itself: inductor compiles C++ for the machine's own ISA, and under a level forced by
+    ``ATEN_CPU_CAPABILITY`` its code does not build (``default``; torch 2.13: ``'at::vec' has not been declared``) or
+    computes NaN (``avx2`` on an AVX-512 machine, in the tiny model's first block:
+    ``benchmarks/results/compiled-forced-avx2-cpu.log``); nor where the CPU has no AVX2 (``default`` on its own)."""
     if device_type(device) == "cuda":
         return _CUDA_VARIANTS
-    if torch.backends.cpu.get_cpu_capability() == "DEFAULT":
+    if "ATEN_CPU_CAPABILITY" in os.environ or torch.backends.cpu.get_cpu_capability() == "DEFAULT":
         return tuple(mode for mode in _CPU_VARIANTS if not mode.compiled)
     return _CPU_VARIANTS
 
