@@ -17,6 +17,8 @@ def test_model(h3_gate):
 """
 
 
+# Written as test_team_generation.py: pytester runs it in this process, where tests/gates/test_generation.py may
+# already be imported under its module name.
 GENERATION_TEST = """
 import pytest
 
@@ -207,8 +209,8 @@ DAMAGES = [  # what damages the provider's run folder F, and the line its item f
 
 def test_a_damaged_or_foreign_run_folder_fails_its_item_in_one_line(project):
     _add_frozen(project, *PREFLIGHT)
-    project.makepyfile(test_generation=GENERATION_TEST.format(seeds=42, contract="generation-preflight"))
-    args = ("-m", "gate", "--h3-skip-model-gate=no model gate in this test", "test_generation.py")
+    project.makepyfile(test_team_generation=GENERATION_TEST.format(seeds=42, contract="generation-preflight"))
+    args = ("-m", "gate", "--h3-skip-model-gate=no model gate in this test", "test_team_generation.py")
     _run(project, *args).assert_outcomes(passed=1)
     runs = project.path / "h3-out" / "generation" / "tiny" / "generation-preflight"
     folder = next(runs.glob("provider-*/fl2va-seed42"))
@@ -223,8 +225,8 @@ def test_a_damaged_or_foreign_run_folder_fails_its_item_in_one_line(project):
 
 def test_a_missing_generation_contract_fails_in_one_line_naming_the_fix(project):
     _add_frozen(project, *PREFLIGHT)
-    project.makepyfile(test_generation=GENERATION_TEST.format(seeds=42, contract="nope"))
-    result = _run(project, "-m", "gate", "test_generation.py")
+    project.makepyfile(test_team_generation=GENERATION_TEST.format(seeds=42, contract="nope"))
+    result = _run(project, "-m", "gate", "test_team_generation.py")
     _failed_in_one_line(result, "test_generation[seed42]", "*/thresholds/tiny/nope-contract.json: no generation "
                         "contract 'nope' for tiny (there: generation-preflight); mark the test with one of those "
                         "(contract=...), or write the default contracts with `h3gate contracts --model <--h3-model> "
@@ -233,8 +235,8 @@ def test_a_missing_generation_contract_fails_in_one_line_naming_the_fix(project)
 
 def test_a_seed_outside_the_contract_fails_in_one_line(project):
     _add_frozen(project, *PREFLIGHT)
-    project.makepyfile(test_generation=GENERATION_TEST.format(seeds=99, contract="generation-preflight"))
-    result = _run(project, "-m", "gate", "test_generation.py")
+    project.makepyfile(test_team_generation=GENERATION_TEST.format(seeds=99, contract="generation-preflight"))
+    result = _run(project, "-m", "gate", "test_team_generation.py")
     _failed_in_one_line(result, "test_generation[seed99]", "seed 99 is not among */generation-preflight-contract."
                         "json's seeds [[]42[]]: mark the test with those (seeds=[[]42[]]) or another contract")
 
