@@ -176,21 +176,15 @@ class H3Session:
             self.candidate
 
     def one_thread_on_cpu(self) -> None:
-        """A session whose gates run on the CPU computes with one thread, torch's and numpy's BLAS (on which Triton's
-        interpreter runs ``tl.dot``), unless ``OMP_NUM_THREADS`` says otherwise. torch's bits depend on its thread
-        count (the block gate's backward differs in the last bits between one thread and two), so a fixed count makes
+        """A session whose gates run on the CPU computes with one thread (:func:`h3gate.numerics.one_cpu_thread`), so
         one process, its xdist workers and its shards give the same evidence whatever the number of cores or workers,
         and a resumed generation the same bits; one thread a worker also stops workers from oversubscribing the cores
-        (``make gate`` on 2 cores, 2 workers of 2 spinning threads each: 8:51, one thread a worker: 4:53). numpy's
-        BLAS is limited through threadpoolctl (the scikit-learn project's runtime control of BLAS and OpenMP pools:
-        OpenBLAS reads its environment only when it loads, before this session starts). On a GPU, the host's
-        threads stay as they are."""
-        if self.device == "cpu" and "OMP_NUM_THREADS" not in os.environ:
-            import torch
-            from threadpoolctl import threadpool_limits
+        (``make gate`` on 2 cores, 2 workers of 2 spinning threads each: 8:51, one thread a worker: 4:53). On a GPU,
+        the host's threads stay as they are."""
+        if self.device == "cpu":
+            from h3gate import numerics
 
-            torch.set_num_threads(1)
-            threadpool_limits(limits=1, user_api="blas")
+            numerics.one_cpu_thread()
 
     def verify_thresholds(self) -> None:
         from h3gate import bounds as bounds_mod

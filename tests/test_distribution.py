@@ -182,3 +182,19 @@ def test_a_cpu_session_computes_with_one_thread(monkeypatch, device, env, thread
             assert blas_threads() <= {threads or 2}
         finally:
             torch.set_num_threads(before)
+
+
+def test_power_on_the_cpu_computes_with_one_thread(monkeypatch):
+    """`h3gate power --device cpu` computes the bits of the gate suite's power test: one thread, as a CPU session."""
+    from h3gate import cli, numerics, power
+
+    calls = []
+    monkeypatch.setattr(numerics, "one_cpu_thread", lambda: calls.append("one thread"))
+
+    def measure(*args, **kwargs):
+        calls.append("measured")
+        raise ValueError("measured no further")
+
+    monkeypatch.setattr(power, "measure", measure)
+    assert cli.main(["power", "--device", "cpu"]) == 2
+    assert calls == ["one thread", "measured"]

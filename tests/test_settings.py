@@ -67,6 +67,13 @@ def test_an_output_folder_that_is_a_file(project):
     assert "--h3-out=out is a file, not a folder" in _refused(project, "--h3-out=out")
 
 
+def test_a_model_folder_that_is_no_checkpoint(project, tmp_path):
+    (tmp_path / "empty").mkdir()
+    line = _refused(project, f"--h3-model={tmp_path / 'empty'}")
+    assert f"--h3-model={tmp_path / 'empty'} is a folder but not a MiniMax-H3 checkpoint" in line
+    assert not (project.path / "h3-out").exists(), "nothing is written for a session refused at its start"
+
+
 def test_a_thresholds_folder_that_does_not_exist(project, tmp_path):
     assert f"--h3-thresholds={tmp_path / 'none'} is not a folder" in _refused(
         project, f"--h3-thresholds={tmp_path / 'none'}")

@@ -77,6 +77,20 @@ def device_type(device: str | torch.device) -> str:
     return torch.device(device).type
 
 
+def one_cpu_thread() -> None:
+    """Compute with one thread, torch's and numpy's BLAS (on which Triton's interpreter runs ``tl.dot``), unless
+    ``OMP_NUM_THREADS`` says otherwise: torch's bits depend on its thread count (the block gate's backward differs in
+    the last bits between one thread and two), and CPU gates and power tables must give the same bits on any number
+    of cores. numpy's BLAS is limited through threadpoolctl (the scikit-learn project's runtime control of BLAS and
+    OpenMP pools: OpenBLAS reads its environment only when it loads, before a session starts)."""
+    if "OMP_NUM_THREADS" in os.environ:
+        return
+    from threadpoolctl import threadpool_limits
+
+    torch.set_num_threads(1)
+    threadpool_limits(limits=1, user_api="blas")
+
+
 def variants(device: str | torch.device) -> tuple[Mode, ...]:
     """The provider variants that exist on ``device``'s type. On a CPU ``compiled`` is offered only where ATen runs
     the vector level it chose itself: inductor compiles C++ for the machine's own ISA, and under a level forced by
