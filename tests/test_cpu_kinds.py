@@ -5,8 +5,9 @@ the block, model and generation gates of the tiny model, and the edge preset's b
 other ATen dispatch levels than this machine's own (``ATEN_CPU_CAPABILITY``, read when torch loads, so each level runs
 in a subprocess of its own; oneDNN limited to AVX2 too) against the committed bounds and their frozen captures: weights, contract inputs and captures
 must be bitwise those the bounds were frozen with, and the ensemble rule's margin must absorb the rest. The
-generation gate runs its preflight contract: the same pipeline and bounds rule as the full one, in one transformer
-call.
+generation gate runs its preflight contract: the same pipeline as the full one in one transformer call, gated on both
+rules (the full contract gates on the fixed rule: its calibrated SSIM bound lies inside the provider's own spread
+across CPU kinds, README "Gating rules").
 """
 
 import json
