@@ -379,7 +379,8 @@ def h3_generation(request, h3_session):
                                     "the provider and its variants only)")
         with failing_in_one_line():
             loaded = generation_contract.load(h3_session.thresholds / h3_session.model_name / f"{contract}{SUFFIX}")
-            mode = numerics.PROVIDER if role in (CANDIDATE, numerics.PROVIDER.name) else numerics.get(role, h3_session.device)
+            provider = role in (CANDIDATE, numerics.PROVIDER.name)
+            mode = numerics.PROVIDER if provider else numerics.get(role, h3_session.device)
             result = generation.run_generation(
                 h3_session.model, loaded, seed, h3_session.device, h3_session.out, workflow=workflow, mode=mode,
                 candidate=h3_session.candidate if role == CANDIDATE else None, progress=Terminal(request.config),

@@ -61,17 +61,16 @@ def _check_model(spec: str) -> None:
     """An embedded model's name or a folder holding a transformer config; its weights are checked when the model
     loads (a folder without even a config would otherwise fail the first item, leaving empty results behind)."""
     from h3gate.presets import PRESETS, RELEASE
-    from h3gate.status import transformer_folder
+    from h3gate.status import not_a_checkpoint
 
     if spec in (*PRESETS, RELEASE):
         return
     if not Path(spec).is_dir():
         raise pytest.UsageError(f"--h3-model={spec} is neither an embedded model ({', '.join((*PRESETS, RELEASE))}) "
                                 "nor a checkpoint folder: give one of those, or the folder's path")
-    if transformer_folder(Path(spec)) is None:
-        raise pytest.UsageError(f"--h3-model={spec} is a folder but not a MiniMax-H3 checkpoint: it holds neither "
-                                "transformer/config.json nor config.json; give a checkpoint folder (`h3gate checkpoint "
-                                "make` writes one)")
+    problem = not_a_checkpoint(Path(spec))
+    if problem:
+        raise pytest.UsageError(f"--h3-model={problem}")
 
 
 def _check_candidate(spec: str) -> None:

@@ -597,7 +597,8 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument(
         "--root", metavar="DIR", help="folder the artifact names are relative to (default: the evidence's folder)"
     )
-    verify.add_argument("--profile", help="require this completeness profile instead of the recorded one (release, ci, model-block)")
+    verify.add_argument("--profile",
+                        help="require this completeness profile instead of the recorded one (release, ci, model-block)")
     verify.set_defaults(run=_verify)
 
     report = commands.add_parser(

@@ -203,7 +203,8 @@ def measure(
             if gate == "kernel" and kind == "variant" and not candidate.mode.every_shape:
                 continue  # n/a in the table: its backend refuses shapes the kernel gate draws; the others gate it
             progress(f"{candidate.name} x {gate}")
-            results = [_check_item(gate, dataclasses.replace(item, candidate=candidate), bounds) for item, bounds in items]
+            results = [_check_item(gate, dataclasses.replace(item, candidate=candidate), bounds)
+                       for item, bounds in items]
             rejected = [result for result in results if not result.passed]
             line = (rejected or results)[0].summary()
             report.rows.append(Row(candidate.name, kind, gate, gate in meant, bool(rejected), line))

@@ -56,12 +56,19 @@ def transformer_folder(root: Path) -> Path | None:
     return None
 
 
+def not_a_checkpoint(folder: Path) -> str | None:
+    """Why a folder is no MiniMax-H3 checkpoint at first sight (no transformer config), or None; its weights are
+    checked when the model loads."""
+    if transformer_folder(folder) is not None:
+        return None
+    return (f"{folder} is a folder but not a MiniMax-H3 checkpoint: it holds neither transformer/config.json nor "
+            "config.json; pass a checkpoint folder (h3gate checkpoint make writes one)")
+
+
 def _checkpoint_config(spec: str) -> dict:
     folder = transformer_folder(Path(spec))
     if folder is None and Path(spec).is_dir():
-        raise ValueError(f"{spec} is a folder but not a MiniMax-H3 checkpoint: it holds neither "
-                         "transformer/config.json nor config.json; pass a checkpoint folder (h3gate checkpoint make "
-                         "writes one)")
+        raise ValueError(not_a_checkpoint(Path(spec)))
     if folder is None:
         raise ValueError(f"unknown model {spec!r}: use one of {', '.join(TRANSFORMER_CONFIGS)} or a checkpoint folder")
     path = folder / "config.json"
