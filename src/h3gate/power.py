@@ -203,7 +203,8 @@ def measure(
             if gate == "kernel" and kind == "variant" and not candidate.mode.every_shape:
                 continue  # n/a in the table: its backend refuses shapes the kernel gate draws; the others gate it
             progress(f"{candidate.name} x {gate}")
-            results = [_check_item(gate, dataclasses.replace(item, candidate=candidate), bounds)
+            repeat = kind == "mutant" or candidate.mode.deterministic  # a variant without one: judged by numerics
+            results = [_check_item(gate, dataclasses.replace(item, candidate=candidate, repeat=repeat), bounds)
                        for item, bounds in items]
             rejected = [result for result in results if not result.passed]
             line = (rejected or results)[0].summary()
@@ -235,8 +236,9 @@ def _applies(params: dict, kind: str, candidate) -> bool:
     return True
 
 
-def as_result(report: Report, base: Candidate) -> GateResult:
-    """The power report as a gate result: one check per (subject, gate meant for it), the table in the metrics."""
+def as_result(report: Report, base: Candidate, params: dict | None = None) -> GateResult:
+    """The power report as a gate result (of the item ``params`` name): one check per (subject, gate meant for it),
+    the table in the metrics."""
     checks = [
         Check(f"{row.subject} x {row.gate}", "power", 0.0 if row.ok else 1.0, 0.0, row.ok, {"verdict": row.verdict, "line": row.line})
         for row in report.rows
@@ -248,14 +250,19 @@ def as_result(report: Report, base: Candidate) -> GateResult:
         for item, rejected in sorted(report.kernel_items.items())
     ]
     context = {"base": base.identity(), "non_discriminating": report.non_discriminating}
-    return GateResult(GATE, {}, checks, context, {"power_table": report.table(), **report.to_json()})
+    return GateResult(GATE, dict(params or {}), checks, context, {"power_table": report.table(), **report.to_json()})
 
 
 # The gate protocol (:mod:`h3gate.gates`) ------------------------------------------------------------------
 
+# One item per gate measured (``gates="all"``): every subject against that gate, so xdist spreads the measurement
+# and each of the report's verdicts (every row, the kernel items' power, the model taps no mutant exceeded) still
+# lies whole inside one item. A callable: a gate registered after this module is imported is measured too.
+LIST_CHOICES = {"gates": gates_measured}
+
 
 def items(run) -> list[dict]:
-    return [{}]
+    return [{"measured": gate} for gate in gates_measured()]
 
 
 def bounds_file(run) -> None:
@@ -264,10 +271,12 @@ def bounds_file(run) -> None:
 
 def check_item(run, _bounds) -> GateResult:
     """The mutants' base is the run's candidate on a GPU and the provider's ops on CPU, where the interpreter makes
-    h3_triton gate runs slow."""
+    h3_triton gate runs slow. An item measures the gate its params name, or every gate."""
     from h3gate.candidates import ProviderCandidate
 
     base = run.candidate if run.device.startswith("cuda") else ProviderCandidate()
+    gates = [run.params["measured"]] if "measured" in run.params else None
     with run.progress(None) as bar:
-        report = measure(run.model, run.device, run.thresholds, run.out / "power", base, progress=bar.step)
-    return as_result(report, base)
+        report = measure(run.model, run.device, run.thresholds, run.out / "power", base, gates=gates,
+                         progress=bar.step)
+    return as_result(report, base, run.params)
