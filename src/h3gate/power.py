@@ -171,13 +171,17 @@ def measure(
     mutants=tuple(MUTANTS),
     variants=None,
     gates=None,
+    ops=None,
     kernel_examples: int = 4,
     progress=lambda message: None,
 ) -> Report:
     """The power table of ``gates`` (default: every registered gate but this one) over ``mutants`` of ``base`` and
     the provider ``variants`` of ``device``. Each gate's items and frozen bounds come through the gate protocol
-    (:mod:`h3gate.gates`), contract checks included; the generation gate measures its preflight contract."""
+    (:mod:`h3gate.gates`), contract checks included; the generation gate measures its preflight contract. ``ops``
+    narrows the kernel gate's items and the mutants to those ops."""
     gates = tuple(gates) if gates is not None else gates_measured()
+    if ops is not None:
+        mutants = [name for name in mutants if MUTANTS[name].op in ops]
     unknown = [gate for gate in gates if gate not in gates_measured()]
     if unknown:
         raise ValueError(f"unknown gates {unknown}; gates: {', '.join(gates_measured())}")
@@ -189,7 +193,8 @@ def measure(
     frozen = {}  # gate -> [(item run, its bounds)]
     for gate in gates:
         module = gate_registry.REGISTRY[gate].module
-        item_runs = [base_run.with_params(**params) for params in module.items(base_run)]
+        item_runs = [base_run.with_params(**params) for params in module.items(base_run)
+                     if ops is None or params.get("op", ops[0]) in ops]
         has_bounds = module.bounds_file(base_run if not item_runs else item_runs[0]) is not None
         frozen[gate] = [(item, module.load_bounds(item) if has_bounds else None) for item in item_runs]
     subjects = [("mutant", MutantCandidate(name, base)) for name in mutants]
@@ -255,14 +260,25 @@ def as_result(report: Report, base: Candidate, params: dict | None = None) -> Ga
 
 # The gate protocol (:mod:`h3gate.gates`) ------------------------------------------------------------------
 
-# One item per gate measured (``gates="all"``): every subject against that gate, so xdist spreads the measurement
-# and each of the report's verdicts (every row, the kernel items' power, the model taps no mutant exceeded) still
-# lies whole inside one item. A callable: a gate registered after this module is imported is measured too.
-LIST_CHOICES = {"gates": gates_measured}
+# One item per gate measured, the kernel gate's per op (``gates="all"``): every subject against that gate (or op), so
+# xdist spreads the measurement and each of the report's verdicts (every row, the kernel items' power, the model taps
+# no mutant exceeded) still lies whole inside one item: a kernel item meets only its own op's mutants. A callable: a
+# gate registered after this module is imported is measured too.
+KERNEL_OP = "kernel:"
+
+
+def measured() -> tuple[str, ...]:
+    from h3gate.gates.kernel import OPS
+
+    return tuple(part for gate in gates_measured()
+                 for part in ([KERNEL_OP + op for op in OPS] if gate == "kernel" else [gate]))
+
+
+LIST_CHOICES = {"gates": measured}
 
 
 def items(run) -> list[dict]:
-    return [{"measured": gate} for gate in gates_measured()]
+    return [{"measured": part} for part in measured()]
 
 
 def bounds_file(run) -> None:
@@ -275,8 +291,9 @@ def check_item(run, _bounds) -> GateResult:
     from h3gate.candidates import ProviderCandidate
 
     base = run.candidate if run.device.startswith("cuda") else ProviderCandidate()
-    gates = [run.params["measured"]] if "measured" in run.params else None
+    part = run.params.get("measured")
+    gate, _, op = (part or "").partition(":")
     with run.progress(None) as bar:
-        report = measure(run.model, run.device, run.thresholds, run.out / "power", base, gates=gates,
-                         progress=bar.step)
+        report = measure(run.model, run.device, run.thresholds, run.out / "power", base, gates=[gate] if part else None,
+                         ops=[op] if op else None, progress=bar.step)
     return as_result(report, base, run.params)
