@@ -25,6 +25,7 @@ import torch
 
 from h3gate import numerics
 from h3gate.block_program import PROVIDER_OPS, Installation
+from h3gate.gates.kernel import shared_torch_side
 from h3gate.candidates import Candidate, CandidateError
 from h3gate import gates as gate_registry
 from h3gate.mutants import MUTANTS, MutantCandidate
@@ -201,6 +202,12 @@ def measure(
     subjects += [("variant", VariantCandidate(name, device)) for name in (variants if variants is not None else [m.name for m in numerics.variants(device)])]
     model_bounds = frozen["model"][0][1] if "model" in frozen else None
     report = Report(model_taps=sorted(model_bounds.bounds) if model_bounds else [])
+    with shared_torch_side():  # every subject meets the kernel gate's same examples
+        _measure_subjects(report, subjects, gates, frozen, progress)
+    return report
+
+
+def _measure_subjects(report: Report, subjects: list, gates: tuple, frozen: dict, progress) -> None:
     for kind, candidate in subjects:
         meant = set(candidate.mutant.caught_by) if kind == "mutant" else set(gates_measured())
         for gate in gates:
@@ -221,7 +228,6 @@ def measure(
             if gate == "model" and kind == "mutant":
                 for check in results[0].failures:
                     report.tap_failures[check.name] = report.tap_failures.get(check.name, 0) + 1
-    return report
 
 
 def _check_item(gate: str, item, bounds) -> GateResult:
