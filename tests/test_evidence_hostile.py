@@ -24,7 +24,7 @@ from h3gate import evidence, signing
 from h3gate.cli import EXIT_CODES, main
 from h3gate.files import FileFormatError
 from h3gate.signing import EvidenceError
-from test_evidence import ENVIRONMENT, HOME, ITEMS, make_run, rewrite_payload, statement_of
+from test_evidence import ENVIRONMENT, HOME, ITEMS, make_run, reseal_sums, rewrite_payload, statement_of
 
 MODEL_TEST = "tests/gates/test_model.py::test_model"
 DOCUMENTED = {0, 2, *EXIT_CODES.values()}
@@ -40,7 +40,7 @@ def run_cli(*args) -> tuple[int, str]:
 
 def edit_statement(path: Path, edit) -> None:
     """Apply ``edit`` (statement dict -> None) to the envelope's statement; SHA256SUMS, which would name the
-    edited envelope first, is removed so the check under test stands alone."""
+    edited envelope first, is resealed so the check under test stands alone."""
 
     def rewrite(payload: bytes) -> bytes:
         statement = json.loads(payload)
@@ -48,7 +48,7 @@ def edit_statement(path: Path, edit) -> None:
         return json.dumps(statement).encode()
 
     rewrite_payload(path, rewrite)
-    (path.parent / evidence.SUMS_NAME).unlink(missing_ok=True)
+    reseal_sums(path)
 
 
 @pytest.fixture
@@ -128,7 +128,9 @@ def test_printed_text_is_escaped(tmp_path):
     def rename(statement):
         for entry in statement["predicate"]["configuration"]:
             if entry["annotations"]["role"] == "candidate":
-                entry["name"] = "candidate:\x1b[1A\x1b[2KPASSED\u202e"
+                entry["annotations"]["identity"]["name"] = "\x1b[1A\x1b[2KPASSED\u202e"
+                entry["name"] = "candidate:" + entry["annotations"]["identity"]["name"]
+                entry["digest"]["sha256"] = evidence.candidate_digest(entry["annotations"]["identity"])
 
     edit_statement(path, rename)
     code, printed = run_cli("verify", path, "--allow-unsigned", "--expect-candidate", "h3_triton")
@@ -192,7 +194,6 @@ def test_redaction_json_must_be_the_one_signed(tmp_path, keys):
     record = json.loads(redaction.read_text())
     record["fields"] = {}
     redaction.write_text(json.dumps(record))
-    (tmp_path / evidence.SUMS_NAME).unlink()
     code, printed = run_cli("verify", path, "--key", public)
     assert code == EXIT_CODES["digest"] and "redaction.json differs" in printed
 
