@@ -187,7 +187,7 @@ def load_private_key(path: str | os.PathLike | None = None) -> PrivateKey | None
         try:
             return _private_from_pem(read_regular(path, "signing key PEM", MAX_KEYRING_BYTES), str(path))
         except FileFormatError as error:
-            raise SigningKeyError(str(error)) from None
+            raise SigningKeyError(f"cannot read the signing key: {error}") from None
     text = os.environ.get(KEY_ENV)
     if not text:
         return None
