@@ -5,6 +5,7 @@ import base64
 import contextlib
 import io
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -264,21 +265,37 @@ def _paths(value, prefix=()):
             yield from _paths(child, (*prefix, index))
 
 
+NAMES = st.text(max_size=12) | st.builds(
+    lambda part, count, sep: sep.join([part * count] * 2), st.sampled_from(["a", "\u00e9", "\u2028", "..", "\x85"]),
+    st.integers(1, 3000), st.sampled_from(["/", "", "\n"]),
+)
+KINDS = ("regular", "dev-zero", "fifo", "folder", "loop", "dangling", "absent")
+
+
 @st.composite
-def forgeries(draw, genuine_text: str):
-    """The genuine envelope with one edit: a value of the envelope or of its statement replaced or deleted, the
-    payload's bytes cut or flipped, or the file's text cut."""
+def forgeries(draw, genuine_text: str) -> tuple[str, bool]:
+    """(the genuine envelope with one edit, whether the edit leaves the statement inconsistent with its folder): a
+    value of the envelope or of its statement replaced or deleted, a subject renamed (any length, any character),
+    the payload's bytes cut or flipped, the file's text cut or padded (a cut file that still parses is the genuine one)."""
     envelope = json.loads(genuine_text)
     statement = json.loads(base64.b64decode(envelope["payload"]))
-    where = draw(st.sampled_from(["statement", "envelope", "payload bytes", "file text"]))
+    where = draw(st.sampled_from(["statement", "envelope", "payload bytes", "file text", "subject name", "padding"]))
     if where == "file text":
-        return genuine_text[: draw(st.integers(0, len(genuine_text) - 1))]
+        return genuine_text[: draw(st.integers(0, len(genuine_text) - 1))], False
+    if where == "padding":
+        return genuine_text + " " * draw(st.integers(0, 1 << 16)), False
     if where == "payload bytes":
         payload = bytearray(base64.b64decode(envelope["payload"]))
         index = draw(st.integers(0, len(payload) - 1))
         payload[index] ^= draw(st.integers(1, 255))
         envelope["payload"] = base64.b64encode(bytes(payload)).decode()
-        return json.dumps(envelope)
+        return json.dumps(envelope), False
+    if where == "subject name":
+        subject = statement["subject"][draw(st.integers(0, len(statement["subject"]) - 1))]
+        name = draw(NAMES.filter(lambda name: name != subject["name"]))
+        subject["name"] = name
+        envelope["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
+        return json.dumps(envelope), True
     target = statement if where == "statement" else envelope
     path = draw(st.sampled_from([p for p in _paths(target) if p]))
     parent = target
@@ -292,23 +309,49 @@ def forgeries(draw, genuine_text: str):
         parent.pop(path[-1])
     if where == "statement":
         envelope["payload"] = base64.b64encode(json.dumps(statement).encode()).decode()
-    return json.dumps(envelope)
+    return json.dumps(envelope), False
+
+
+def _make_kind(path: Path, kind: str) -> None:
+    """Replace the file ``path`` by a file of another kind (a device, a FIFO, a folder, a symlink loop, ...)."""
+    if kind == "regular":
+        return
+    path.unlink()
+    {"dev-zero": lambda: path.symlink_to("/dev/zero"), "fifo": lambda: os.mkfifo(path), "folder": path.mkdir,
+     "loop": lambda: path.symlink_to(path.name), "dangling": lambda: path.symlink_to("nowhere"),
+     "absent": lambda: None}[kind]()
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_verify_over_forged_evidence(genuine, data):
     """Every outcome is a documented exit code and one line, never a traceback; a forgery never exits 0 with the
-    key, and nothing exits 0 without one."""
+    key, nothing exits 0 without one, and evidence inconsistent with its folder (a renamed subject, a cut file, a
+    sidecar or artifact that is no regular file) never exits 0 or 11. The forgery lies in a copy of the genuine
+    folder whose SHA256SUMS names the forged envelope, so the checks past the sums see it too."""
     root, text, public = genuine
-    forged = data.draw(forgeries(text))
+    forged, inconsistent = data.draw(forgeries(text))
+    victim = data.draw(st.sampled_from(sorted(p.relative_to(root).as_posix() for p in root.rglob("*")
+                                              if p.is_file() and p.parent.name != "keys" and "thresholds" not in p.parts
+                                              and p.name != "evidence.json")))
+    kind = data.draw(st.sampled_from(KINDS))
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "evidence.json"
+        copy = Path(folder) / "run"
+        shutil.copytree(root, copy, ignore=shutil.ignore_patterns("keys"))
+        path = copy / "evidence.json"
         path.write_text(forged)
+        reseal_sums(path)
+        _make_kind(copy / victim, kind)
+        inconsistent |= kind != "regular"
+        try:
+            unchanged = json.loads(forged) == json.loads(text) and not inconsistent
+        except ValueError:
+            unchanged = False
         for trust in (["--key", public], ["--allow-unsigned"]):
-            code, printed = run_cli("verify", path, "--root", root, *trust)
+            code, printed = run_cli("verify", path, *trust)
             assert code in DOCUMENTED and printed.count("\n") == 1, printed
-            assert code != 0 or (trust[0] == "--key" and json.loads(forged) == json.loads(text)), printed
+            assert code != 0 or (trust[0] == "--key" and unchanged), printed
+            assert not (inconsistent and code in (0, EXIT_CODES["untrusted"])), printed
         if data.draw(st.booleans()):  # the report draws plots: a share of the examples keeps the test short
             code, printed = run_cli("report", path, "-o", Path(folder) / "report.md")
             assert code in DOCUMENTED and printed.count("\n") == 1, printed
