@@ -109,8 +109,9 @@ def transformer_folder(path: str | os.PathLike) -> Path:
     root = Path(path)
     if not root.is_dir():
         raise CheckpointError(f"{root}: not a folder; pass a diffusers MiniMax-H3 checkpoint folder")
+    index = read_index(root)
     folder = status.transformer_folder(root)
-    if folder is None and read_index(root) is not None:
+    if folder is None and index is not None:
         _missing(root, "transformer")
     problem = status.not_a_checkpoint(root)
     if problem:
