@@ -6,6 +6,7 @@ import json
 import pytest
 
 from h3gate import gates as registry
+from h3gate import status
 
 TOY_GATE = '''
 """A toy gate: the candidate's SwiGLU in bfloat16 against float64, bounded by 1.5 x the provider's error."""
@@ -53,9 +54,9 @@ def check_item(run, frozen):
 '''
 
 CONFTEST = '''
-from h3gate.gates import SEEDS, Gate, register
+from h3gate.gates import SEEDS, Frozen, Gate, register
 
-register(Gate("toy", (SEEDS,), module_name="toy_gate"))
+register(Gate("toy", (SEEDS,), module_name="toy_gate", frozen=(Frozen("{model}/{device}/toy-bounds.json", "bounds", "test_toy.py::test_toy"),)))
 '''
 
 TOY_TEST = '''
@@ -94,8 +95,8 @@ def test_every_registered_gate_implements_the_protocol():
     for gate in registry.REGISTRY.values():
         module = gate.module
         assert module.GATE == gate.name
-        required = ["items", "bounds_file", "check_item"] + ([] if gate.frozen_nothing else ["load_bounds", "freeze_item"])
-        assert [name for name in required if not callable(getattr(module, name, None))] == [], gate.name
+        protocol = registry.GateModule if gate.frozen_nothing else registry.FreezingGateModule
+        assert isinstance(module, protocol), f"{gate.name} does not implement {protocol.__name__}"
         for param in gate.lists:
             if param.choices == "module":
                 assert module.LIST_CHOICES[param.marker], (gate.name, param.marker)
@@ -121,9 +122,14 @@ def test_a_toy_gate_is_one_module_and_one_registry_line(pytester, monkeypatch):
     missing = pytester.runpytest(*args, "--h3-candidate=provider")
     missing.assert_outcomes(failed=2)
     missing.stdout.fnmatch_lines(["*no frozen toy bounds at *toy-bounds.json; freeze them with: pytest *test_toy*"])
+    toy = [row for row in status.status(pytester.path / "thresholds", "tiny", "cpu").rows if row.gate == "toy"]
+    assert [(row.file, row.state) for row in toy] == [("tiny/cpu/toy-bounds.json", status.MISSING)]
+    assert toy[0].command.startswith("pytest test_toy.py::test_toy --h3-freeze --h3-model=tiny --h3-device=cpu")
 
     frozen = pytester.runpytest(*args, "--h3-freeze")
     frozen.assert_outcomes(passed=2)  # one file for both items: the second reports the first's freeze
+    toy = [row for row in status.status(pytester.path / "thresholds", "tiny", "cpu").rows if row.gate == "toy"]
+    assert [row.state for row in toy] == [status.PRESENT], "h3gate status lists the new gate's file, locked"
     bounds = json.loads((pytester.path / "thresholds" / "tiny" / "cpu" / "toy-bounds.json").read_text())
     assert set(bounds["bounds"]) == {"seed1", "seed2"}
 
@@ -200,8 +206,7 @@ register(Gate("greedy", (SEEDS,), frozen_nothing="nothing to freeze", module_nam
 
 
 def test_the_toy_gates_size():
-    """The whole of a new gate kind: its module and one registry line."""
+    """The whole of a new gate kind: its module and one registry line, which names the file it freezes."""
     assert len(TOY_GATE.strip().splitlines()) < 50
-    assert [line for line in CONFTEST.strip().splitlines() if line.startswith("register(")] == [
-        'register(Gate("toy", (SEEDS,), module_name="toy_gate"))'
-    ]
+    registration = [line for line in CONFTEST.strip().splitlines() if line.startswith("register(")]
+    assert len(registration) == 1 and registration[0].endswith("),)))") and "Frozen(" in registration[0]

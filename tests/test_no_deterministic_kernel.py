@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from broken import NoDeterministicKernel
+from conftest import THRESHOLDS
 from h3gate import bounds, numerics, power
 from h3gate import op_registry
 from h3gate.candidates import ProviderCandidate
@@ -16,7 +17,6 @@ from h3gate.gates import block as block_gate
 from h3gate.gates import kernel as kernel_gate
 from h3gate.gates import model as model_gate
 
-THRESHOLDS = pytest.importorskip("conftest").THRESHOLDS
 REASON = "no deterministic kernel: under torch.use_deterministic_algorithms(True) the candidate raised RuntimeError: " \
          "No available kernel. Aborting execution.; it runs without them"
 

@@ -18,17 +18,17 @@ from h3gate.cli import main
 from conftest import ROOT, THRESHOLDS
 
 CONTRACTS = ("model-contract.json", "generation-contract.json", "generation-preflight-contract.json")
-TINY_FILES = [
-    "tiny/model-contract.json",
-    "tiny/cpu/model-bounds.json",
+TINY_FILES = [  # in the registry's order of gates
     "tiny/cpu/block0-bounds.json",
     "tiny/cpu/block0-capture.safetensors",
     "tiny/cpu/block1-bounds.json",
     "tiny/cpu/block1-capture.safetensors",
-    "tiny/generation-contract.json",
-    "tiny/cpu/generation-bounds.json",
+    "tiny/model-contract.json",
+    "tiny/cpu/model-bounds.json",
     "tiny/generation-preflight-contract.json",
     "tiny/cpu/generation-preflight-bounds.json",
+    "tiny/generation-contract.json",
+    "tiny/cpu/generation-bounds.json",
 ]
 
 
@@ -59,7 +59,7 @@ def states(report):
 def test_every_file_of_every_gate_is_listed_once(tmp_path):
     report = status_mod.status(locked_contracts(tmp_path / "th"), "tiny", "cpu")
     assert [row.file for row in report.rows] == TINY_FILES
-    assert [row.gate for row in report.rows] == ["model"] * 2 + ["block"] * 4 + ["generation"] * 4
+    assert [row.gate for row in report.rows] == ["block"] * 4 + ["model"] * 2 + ["generation"] * 4
     small = status_mod.status(tmp_path / "th", "small", "cpu")
     assert sum(row.file.endswith("-capture.safetensors") for row in small.rows) == 4  # num_layers of small
 

@@ -134,6 +134,8 @@ def write(spec: str, thresholds: str | os.PathLike, replace_reason: str | None =
 
 def freeze_commands(spec: str, device: str, thresholds: str | None) -> list[str]:
     """The commands that freeze every gate's bounds for the written contracts, cheap gates first."""
-    items = [status.FREEZING_ITEMS["model"], "tests/gates/test_block.py",
-             status.FREEZING_ITEMS["generation-preflight"], status.FREEZING_ITEMS["generation"]]
-    return [status.freeze_command(item, spec, device, thresholds) for item in items]
+    from h3gate.gates import REGISTRY
+
+    # One command a test function (every block's item at once), in the registry's order: cheap gates first.
+    items = [frozen.item.partition("[")[0] for gate in REGISTRY.values() for frozen in gate.frozen if frozen.item]
+    return [status.freeze_command(item, spec, device, thresholds) for item in dict.fromkeys(items)]

@@ -2,15 +2,9 @@
 
 Each file is ``present and locked`` (its sha256 is its entry in ``LOCK.json``), ``missing`` (with the command
 that makes it), or ``stale`` (its sha256 differs from its lock entry, or it has none). Every file is listed once,
-under the gate that owns it:
-
-- model: ``<model>/model-contract.json`` (the block gate reads it too), ``<model>/<device>/model-bounds.json``;
-- block: per block N, ``block<N>-bounds.json`` and the block's captured inputs ``block<N>-capture.safetensors``
-  frozen beside them;
-- generation: ``generation-contract.json`` and ``generation-bounds.json``, ``generation-preflight-contract.json``
-  and ``generation-preflight-bounds.json`` (the preflight item's, which the power gate uses too).
-
-The kernel gate needs no frozen file; the power gate needs the model, block and preflight files.
+under the gate whose registry entry declares it (:class:`h3gate.gates.Frozen`): the model's contract and bounds, each
+block's bounds and captured inputs, the generation and preflight contracts and bounds. The kernel gate needs no
+frozen file; the power gate needs the model, block and preflight files.
 
 Light on purpose: torch is imported only to name a device class (:func:`h3gate.bounds.device_class`), so
 ``h3gate status`` and the pytest header cost nothing where it is already loaded.
@@ -33,14 +27,6 @@ MISSING = "missing"
 STALE = "stale"
 STATES = (PRESENT, MISSING, STALE)
 
-# The gate suite's items (``pytest -m gate tests/gates``) that freeze each kind of bounds.
-FREEZING_ITEMS = {
-    "model": "tests/gates/test_model.py::test_model",
-    "block": "tests/gates/test_block.py::test_block[block{block}]",
-    "generation": "tests/gates/test_generation.py::test_generation",
-    "generation-preflight": "tests/gates/test_generation.py::test_generation_preflight",
-}
-GENERATION_CONTRACTS = ("generation", "generation-preflight")
 DEFAULT_THRESHOLDS = "thresholds"
 
 
@@ -242,20 +228,20 @@ class Status:
                 "rows": [asdict(row) for row in self.rows], "ok": self.ok}
 
 
-def _expected(model: str, device_class: str, layers: int) -> list[tuple[str, str, str]]:
-    """(gate, file relative to the thresholds folder, what kind of file) of every frozen file the gates read."""
-    here = f"{model}/{device_class}"
-    files = [("model", f"{model}/model-contract.json", "contract"), ("model", f"{here}/model-bounds.json", "bounds")]
-    for block in range(layers):
-        files.append(("block", f"{here}/block{block}-bounds.json", "bounds"))
-        files.append(("block", f"{here}/block{block}-capture.safetensors", "capture"))
-    for contract in GENERATION_CONTRACTS:
-        files.append(("generation", f"{model}/{contract}-contract.json", "contract"))
-        files.append(("generation", f"{here}/{contract}-bounds.json", "bounds"))
-    return files
+def _expected(model: str, device_class: str, layers: int) -> list[tuple[str, str, str, str]]:
+    """(gate, file relative to the thresholds folder, kind, the item that freezes it) of every frozen file the
+    registered gates read (:class:`h3gate.gates.Frozen`), a block's files together."""
+    from h3gate.gates import REGISTRY
+
+    rows = []
+    for gate in REGISTRY.values():
+        files = [(block, path, frozen.kind, item) for frozen in gate.frozen
+                 for block, (path, item) in enumerate(frozen.files(model, device_class, layers))]
+        rows += [(gate.name, path, kind, item) for _, path, kind, item in sorted(files, key=lambda f: f[0])]
+    return rows
 
 
-def _command(gate: str, relative: str, kind: str, state: str, model: str, device: str, shown: str | None,
+def _command(relative: str, kind: str, item: str, state: str, model: str, device: str, shown: str | None,
              present: set[str]) -> str:
     """What makes one file present and locked: lock a contract; freeze bounds (and a block's capture with them)."""
     if kind == "contract":
@@ -268,8 +254,6 @@ def _command(gate: str, relative: str, kind: str, state: str, model: str, device
         if model not in TRANSFORMER_CONFIGS:
             parts.append(f"--model={model}")
         return " ".join(shlex.quote(part) for part in parts)
-    stem = Path(bounds).name.removesuffix("-bounds.json")
-    item = FREEZING_ITEMS["block" if gate == "block" else stem].format(block=stem.removeprefix("block"))
     # Bounds that exist are re-frozen only with a recorded reason.
     return freeze_command(item, model, device, shown, force=state == STALE)
 
@@ -297,9 +281,9 @@ def status(thresholds: str | Path = DEFAULT_THRESHOLDS, model: str = "tiny", dev
     except FileFormatError as error:
         lock, unreadable = {}, str(error)
     expected = [row for row in _expected(name, device_class, num_layers(model)) if gates is None or row[0] in gates]
-    present = {relative for _, relative, _ in expected if (root / relative).is_file()}
+    present = {relative for _, relative, _, _ in expected if (root / relative).is_file()}
     rows = []
-    for gate, relative, kind in expected:
+    for gate, relative, kind, item in expected:
         detail = ""
         if relative not in present:
             state = MISSING
@@ -312,6 +296,6 @@ def status(thresholds: str | Path = DEFAULT_THRESHOLDS, model: str = "tiny", dev
         else:
             state = PRESENT
         command = "" if state == PRESENT else _command(
-            gate, relative, kind, state, model, device_option(device_class), shown, present)
+            relative, kind, item, state, model, device_option(device_class), shown, present)
         rows.append(Row(gate, relative, state, command, detail))
     return Status(name, device_class, root, rows)

@@ -1,19 +1,7 @@
 """The gate registry: every gate kind, cheap before expensive (the order gate items run in: a generation waits
-for the model gate's verdict), and the protocol a gate module implements.
-
-A gate is a module ``h3gate.gates.<name>`` (or any module a :class:`Gate` entry names) with:
-
-- ``GATE``: its name;
-- ``items(run) -> list[dict]``: every item of the gate on ``run.model`` (what ``blocks="all"`` means; the power
-  gate runs them all);
-- ``bounds_file(run) -> Path | None``: the frozen bounds file an item reads (None: the gate freezes nothing);
-- ``load_bounds(run)``, where there is a bounds file: those bounds, checked against the model, device class and
-  contract they were frozen for, or :class:`h3gate.bounds.BoundsError`;
-- ``freeze_item(run)``, unless the gate's entry says why it has nothing to freeze: measure the provider
-  configurations and freeze the bounds file of ``run``'s item (written and locked);
-- ``check_item(run, bounds) -> GateResult``: qualify ``run.candidate`` against them (bounds None where the gate has
-  no file); :class:`ItemError` for params that do not fit the frozen files; :class:`NotClaimed` for an item the
-  candidate does not claim (an op it leaves to the provider, a dtype it does not support).
+for the model gate's verdict), the files each reads from the thresholds folder (:class:`Frozen`), and the protocol a
+gate module implements (:class:`GateModule`, and :class:`FreezingGateModule` for a gate with bounds to freeze; a test
+holds every registered module to it).
 
 Adding a gate kind is one such module and one line in :data:`REGISTRY` (or :func:`register` from outside). The
 plugin's runner, the power gate, the CLI and ``h3gate status`` iterate the registry. Importing this package imports
@@ -26,7 +14,37 @@ import contextlib
 import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol, runtime_checkable
+
+
+@runtime_checkable
+class GateModule(Protocol):
+    """A gate module (``h3gate.gates.<name>``, or any module a :class:`Gate` entry names)."""
+
+    GATE: str  # its name
+
+    def items(self, run: "GateRun") -> list[dict]:
+        """Every item of the gate on ``run.model`` (what ``blocks="all"`` means; the power gate runs them all)."""
+
+    def bounds_file(self, run: "GateRun") -> Path | None:
+        """The frozen bounds file an item reads (None: the gate freezes nothing)."""
+
+    def check_item(self, run: "GateRun", bounds) -> Any:
+        """Qualify ``run.candidate`` against ``bounds`` (None where the gate has no file): a GateResult;
+        :class:`ItemError` for params that do not fit the frozen files; :class:`NotClaimed` for an item the candidate
+        does not claim (an op it leaves to the provider, a dtype it does not support)."""
+
+
+@runtime_checkable
+class FreezingGateModule(GateModule, Protocol):
+    """A gate module with bounds to freeze (its entry gives no ``frozen_nothing`` reason)."""
+
+    def load_bounds(self, run: "GateRun") -> Any:
+        """The bounds of ``run``'s item, checked against the model, device class and contract they were frozen for,
+        or :class:`h3gate.bounds.BoundsError`."""
+
+    def freeze_item(self, run: "GateRun") -> Any:
+        """Measure the provider configurations and freeze the bounds file of ``run``'s item (written and locked)."""
 
 
 class ItemError(ValueError):
@@ -58,8 +76,27 @@ MEASURED = ListParam("gates", "measured", "", str, "module")  # the power gate: 
 
 
 @dataclass(frozen=True)
+class Frozen:
+    """One file a gate reads from the thresholds folder: its path under the folder (``{model}``, ``{device}`` (the
+    device class) and, for a file per block, ``{block}`` filled in), its kind (``contract``: written by ``h3gate
+    contracts`` and locked; ``bounds``: frozen; ``capture``: frozen with its block's bounds), and for bounds and
+    captures the gate-suite item whose freeze makes it (``{block}`` filled in too). ``h3gate status`` lists exactly
+    these, under the gate that declares them."""
+
+    path: str
+    kind: str
+    item: str = ""
+
+    def files(self, model: str, device_class: str, layers: int) -> list[tuple[str, str]]:
+        """(path, item) of each file it names on a model of ``layers`` blocks."""
+        blocks = range(layers) if "{block}" in self.path else [None]
+        return [(self.path.format(model=model, device=device_class, block=block), self.item.format(block=block))
+                for block in blocks]
+
+
+@dataclass(frozen=True)
 class Gate:
-    """One registered gate kind: what the plugin needs before importing its module."""
+    """One registered gate kind: what the plugin and ``h3gate status`` need before importing its module."""
 
     name: str
     lists: tuple[ListParam, ...] = ()  # several multiply: the kernel gate's ops x dtypes
@@ -67,6 +104,7 @@ class Gate:
     frozen_nothing: str | None = None  # why freezing skips this gate, when it has nothing to freeze
     module_name: str = ""
     measured_by_test: bool = False  # its measure is the test's own function: the power gate cannot run it
+    frozen: tuple[Frozen, ...] = ()  # the files it reads from the thresholds folder, each listed by one gate only
 
     @property
     def module(self):
@@ -99,11 +137,20 @@ def register(gate: Gate) -> Gate:
     return gate
 
 
+_SUITE = "tests/gates"  # where this repository's gate suite freezes each file
+_BLOCK_ITEM = f"{_SUITE}/test_block.py::test_block[block{{block}}]"
 register(Gate("kernel", (OPS, DTYPES), frozen_nothing="the kernel gate has no bounds to freeze: its rule compares "
               "with torch in the same run"))
-register(Gate("block", (BLOCKS,)))
-register(Gate("model"))
-register(Gate("generation", (SEEDS,), requires="model"))
+register(Gate("block", (BLOCKS,), frozen=(Frozen("{model}/{device}/block{block}-bounds.json", "bounds", _BLOCK_ITEM),
+                                          Frozen("{model}/{device}/block{block}-capture.safetensors", "capture",
+                                                 _BLOCK_ITEM))))
+register(Gate("model", frozen=(Frozen("{model}/model-contract.json", "contract"),  # the block gate reads it too
+                               Frozen("{model}/{device}/model-bounds.json", "bounds", f"{_SUITE}/test_model.py::test_model"))))
+register(Gate("generation", (SEEDS,), requires="model", frozen=tuple(
+    Frozen(path.format(contract=contract), kind, item)
+    for contract, item in (("generation-preflight", f"{_SUITE}/test_generation.py::test_generation_preflight"),
+                           ("generation", f"{_SUITE}/test_generation.py::test_generation"))
+    for path, kind in (("{{model}}/{contract}-contract.json", "contract"), ("{{model}}/{{device}}/{contract}-bounds.json", "bounds")))))
 register(Gate("threshold", measured_by_test=True))
 register(Gate("power", (MEASURED,), module_name="h3gate.power", frozen_nothing="the power measurement freezes nothing: it uses the bounds the other gates froze"))
 
