@@ -67,5 +67,5 @@ def test_a_backend_is_named_on_the_command_line(pytester):
     args = ["-p", "no:cacheprovider", "--h3-device=cpu", "--h3-kernel-examples=1", "-m", "gate", "test_backend.py"]
     pytester.runpytest(*args, "--h3-candidate=attention-backend:name=native").assert_outcomes(passed=1, skipped=1)
     refused = pytester.runpytest(*args, "--h3-candidate=attention-backend:name=nope")
-    refused.stderr.fnmatch_lines(["*--h3-candidate: attention backend 'nope' is not installed here; installed: *native*"])
+    refused.stderr.fnmatch_lines(["*--h3-candidate=attention-backend:name=nope: attention backend 'nope' is not installed here; installed: *native*"])
     assert refused.ret == pytest.ExitCode.USAGE_ERROR
