@@ -103,6 +103,7 @@ def _freeze(item, gate: registry.Gate, gate_run: registry.GateRun) -> GateResult
     except bounds_mod.BoundsError as error:  # a refusal that says what to do: its line, not a traceback
         _fail(f"the {gate.name} gate did not freeze: {error}")
     item.session.frozen_here.add(path)
+    item.session.summary.append(f"froze {frozen.path} ({len(frozen.bounds)} bounds, locked)")
     return item.frozen(frozen)
 
 

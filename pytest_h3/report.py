@@ -88,4 +88,14 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
     )
     if key is None:
         session.summary.append("evidence is UNSIGNED: pass --h3-sign-key or set H3GATE_SIGN_KEY to sign it")
+    session.summary.append(verdict_line(evidence.statement_of(evidence.open_envelope(path))))
     return path
+
+
+def verdict_line(statement: dict) -> str:
+    """The evidence's verdict as ``h3gate verify`` will recompute it, with every gap of an INCOMPLETE one: green
+    pytest items do not make complete evidence when the profile needs gates that did not run."""
+    h3 = statement["predicate"]["h3"]
+    line = f"evidence verdict: {h3['verdict']} for profile {h3['profile']['name']}"
+    problems = h3["completeness"]["problems"]
+    return line + (f" ({'; '.join(problems)})" if problems else "")

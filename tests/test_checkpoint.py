@@ -159,6 +159,8 @@ def test_cli_makes_a_folder_and_refuses_an_existing_one(tmp_path, capsys):
     assert main(["checkpoint", "make", "--preset", "tiny", str(tmp_path / "ck"), "--components", "transformer"]) == 0
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["model_index.json", "modular_model_index.json",
                                                                      "transformer"]
+    assert capsys.readouterr().out.splitlines()[-1] == \
+        f"next, write and lock its contracts: h3gate contracts --model={tmp_path / 'ck'}"
     assert main(["checkpoint", "make", "--preset", "tiny", str(tmp_path / "ck")]) == 2
     assert "exists; a checkpoint is written into a new folder" in capsys.readouterr().err
 

@@ -137,7 +137,7 @@ def test_verify_names_what_was_tampered_with(signed, keys, capsys, tamper, code,
 def test_verify_exit_codes_of_the_verdict(tmp_path, capsys):
     failed = make_run(tmp_path / "failed", failing=(MODEL_TEST,))
     code, _, err = verify(capsys, failed.write(failed.root), "--allow-unsigned")
-    assert code == 8 and f"first {MODEL_TEST}" in err
+    assert code == 8 and f"1 gate test(s) failed: {MODEL_TEST}" in err
     incomplete = make_run(tmp_path / "incomplete", outcome={MODEL_TEST: "skipped"})
     code, _, err = verify(capsys, incomplete.write(incomplete.root), "--allow-unsigned")
     assert code == 7 and f"model: {MODEL_TEST} was skipped" in err
@@ -149,6 +149,8 @@ def test_verify_profile_option_asks_for_more_than_recorded(tmp_path, capsys):
     assert verify(capsys, path, "--allow-unsigned")[0] == 11
     code, _, err = verify(capsys, path, "--allow-unsigned", "--profile", "release")
     assert code == 7 and "incomplete for profile release: kernel" in err
+    missing = [line.partition(":")[0] for line in err.partition("release: ")[2].split("; ")]
+    assert missing == ["kernel", "block", "generation[seed=42]", "generation[seed=43]", "generation[seed=44]"], err
 
 
 def test_verify_usage_errors(tmp_path, keys, capsys):

@@ -414,7 +414,7 @@ def test_a_failed_gate_gives_failed(tmp_path):
     path = run.write(tmp_path)
     predicate = statement_of(path)["predicate"]
     assert predicate["result"] == "FAILED" and predicate["failedTests"] == [nodeid]
-    with pytest.raises(EvidenceError, match=f"first {nodeid}") as error:
+    with pytest.raises(EvidenceError, match=f"1 gate test\\(s\\) failed: {nodeid}") as error:
         evidence.verify(path)
     assert error.value.kind == "failed"
 

@@ -128,6 +128,7 @@ def test_a_toy_gate_is_one_module_and_one_registry_line(pytester, monkeypatch):
 
     frozen = pytester.runpytest(*args, "--h3-freeze")
     frozen.assert_outcomes(passed=2)  # one file for both items: the second reports the first's freeze
+    frozen.stdout.fnmatch_lines(["froze *thresholds/tiny/cpu/toy-bounds.json (2 bounds, locked)"])
     toy = [row for row in status.status(pytester.path / "thresholds", "tiny", "cpu").rows if row.gate == "toy"]
     assert [row.state for row in toy] == [status.PRESENT], "h3gate status lists the new gate's file, locked"
     bounds = json.loads((pytester.path / "thresholds" / "tiny" / "cpu" / "toy-bounds.json").read_text())
@@ -135,12 +136,16 @@ def test_a_toy_gate_is_one_module_and_one_registry_line(pytester, monkeypatch):
 
     passed = pytester.runpytest(*args, "--h3-candidate=provider", "--junitxml=junit.xml")
     passed.assert_outcomes(passed=2)
+    passed.stdout.fnmatch_lines(["evidence verdict: INCOMPLETE for profile ci (kernel: no test item of this gate ran *; "
+                                 "block: no test item*; power: no test item*)"])
     assert 'name="h3_gate" value="toy"' in (pytester.path / "junit.xml").read_text()
     results = json.loads((pytester.path / "h3-out" / "results.json").read_text())["results"]
     assert sorted(result["gate"] for result in results.values()) == ["toy", "toy"]
 
     caught = pytester.runpytest(*args, "--h3-candidate=swapped")
     caught.assert_outcomes(failed=2)
+    caught.stdout.fnmatch_lines(["E * where False = <toy gate [[]seed=1[]] FAILED 1/1 checks; worst seed1: *>.passed"])
+    assert "GateResult(" not in caught.stdout.str(), "a failed assert shows the result's summary, not its fields"
 
 
 OOM_GATE = '''

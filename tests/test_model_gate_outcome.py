@@ -74,7 +74,8 @@ def test_missing_bounds_and_unknown_outcomes(tiny, tmp_path):
 
 def test_a_pass_counts_only_for_the_model_identity_it_was_recorded_for(tiny, tmp_path):
     passes.record(tmp_path, "model", passes.ModelRef(tiny.source, "another identity"), CANDIDATE, passes.PASSED)
-    with pytest.raises(passes.NotPassed, match="run the model gate first"):
+    with pytest.raises(passes.NotPassed, match="run the model gate first .* override reason "
+                                               r"\(--h3-skip-model-gate=REASON\)"):
         passes.require_pass(tmp_path, "model", tiny, CANDIDATE)
     passes.record(tmp_path, "model", tiny, CANDIDATE, passes.PASSED, bounds_sha256="abc")
     assert passes.require_pass(tmp_path, "model", tiny, CANDIDATE)["bounds_sha256"] == "abc"

@@ -120,6 +120,9 @@ def test_the_cli_exit_code_says_whether_everything_is_present_and_locked(tmp_pat
     assert main(["status", "--model", "tiny", "--device", "cpu", "--thresholds", str(thresholds)]) == 1
     out = capsys.readouterr().out
     assert "tiny/cpu/model-bounds.json" in out and out.rstrip().endswith("tiny/cpu: 3 present and locked, 7 missing, 0 stale")
+    assert main(["status", "--model", "tiny", "--device", "cpu", "--thresholds", str(tmp_path / "empty")]) == 1
+    assert f"make it: h3gate contracts --model=tiny --thresholds={tmp_path / 'empty'}" in capsys.readouterr().out, \
+        "a missing contract is written by h3gate contracts, not locked before it exists"
     frozen(thresholds, *(f for f in TINY_FILES if "/cpu/" in f))
     assert main(["status", "--h3-model", "tiny", "--device", "cpu", "--thresholds", str(thresholds)]) == 0
     assert capsys.readouterr().out.rstrip().endswith("tiny/cpu: 10 present and locked, 0 missing, 0 stale")

@@ -6,6 +6,7 @@ argparse, because it ships with Python and gives every subcommand its own ``--he
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from pathlib import Path
 
@@ -156,6 +157,7 @@ def _checkpoint_make(args) -> int:
         return _refuse("checkpoint make", 2, str(error))
     what = f"the {args.preset} preset" + (f"'s first {args.layers} blocks" if args.layers else "")
     print(f"wrote {folder}: {what} as a MiniMax-H3 checkpoint folder (--h3-model={folder})")
+    print(f"next, write and lock its contracts: h3gate contracts --model={shlex.quote(str(folder))}")
     return 0
 
 

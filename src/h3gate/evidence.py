@@ -685,12 +685,10 @@ def check_verdict(statement: dict, required: Profile | None) -> tuple[str, str]:
     recomputed = tally(h3["tests"], required)
     if recomputed["verdict"] == FAILED:
         failed = [n for n in recomputed["failedTests"] if verdict(h3["tests"][n]) == "failed"]
-        more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
-        raise EvidenceError("failed", f"{len(failed)} gate test(s) failed, first {failed[0]}{more}")
+        raise EvidenceError("failed", f"{len(failed)} gate test(s) failed: {', '.join(failed)}")
     if recomputed["verdict"] == INCOMPLETE:
         problems = recomputed["completeness"]["problems"]
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise EvidenceError("incomplete", f"incomplete for profile {required.name}: {problems[0]}{more}")
+        raise EvidenceError("incomplete", f"incomplete for profile {required.name}: {'; '.join(problems)}")
     return recomputed["verdict"], label
 
 

@@ -150,13 +150,14 @@ def require_pass(out_dir, gate: str, model, candidate_identity: dict, override: 
             raise NotPassed(
                 f"the {gate} gate did not pass for candidate {candidate_identity.get('name')!r}: {outcome}: {reason} "
                 f"({path}); a candidate that does not pass the {gate} gate is not worth hours of the gates that need "
-                "it: fix that first, or give an override reason, which is recorded in the results"
+                f"it: fix that first, or give an override reason (--h3-skip-{gate}-gate=REASON), which is recorded in "
+                "the results"
             )
     if override:
         return {"status": "overridden", "reason": override}
     raise NotPassed(
         f"this gate runs only after the {gate} gate has passed for the same candidate, and no pass of candidate "
         f"{candidate_identity.get('name')!r} on model {str(model.identity)[:12]} is recorded under {out_dir}: run the "
-        f"{gate} gate first (pytest -m gate, same candidate, model and output folder), or give an override reason, "
-        "which is recorded in the results"
+        f"{gate} gate first (pytest -m gate, same candidate, model and output folder), or give an override reason "
+        f"(--h3-skip-{gate}-gate=REASON), which is recorded in the results"
     )

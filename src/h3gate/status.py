@@ -244,9 +244,11 @@ def _expected(model: str, device_class: str, layers: int) -> list[tuple[str, str
 def _command(relative: str, kind: str, item: str, state: str, model: str, device: str, shown: str | None,
              present: set[str]) -> str:
     """What makes one file present and locked: lock a contract; freeze bounds (and a block's capture with them)."""
+    if kind == "contract" and state == MISSING:  # the defaults for the model, written and locked
+        parts = ["h3gate", "contracts", f"--model={model}"] + ([f"--thresholds={shown}"] if shown else [])
+        return " ".join(shlex.quote(part) for part in parts)
     if kind == "contract":
-        command = lock_command(Path(shown or DEFAULT_THRESHOLDS) / relative, shown)
-        return command + ("  (after writing the contract)" if state == MISSING else "  (if the edit is meant; else restore it)")
+        return lock_command(Path(shown or DEFAULT_THRESHOLDS) / relative, shown) + "  (if the edit is meant; else restore it)"
     bounds = relative.replace("-capture.safetensors", "-bounds.json")
     if kind == "capture" and bounds in present:
         # Frozen with its block's bounds; made again only if bitwise the frozen one (else copied from where it was).

@@ -53,7 +53,7 @@ class Check:
         return {**asdict(self), "margin": self.margin, "ratio": self.ratio}
 
 
-@dataclass
+@dataclass(repr=False)
 class GateResult:
     gate: str
     params: dict
@@ -85,6 +85,10 @@ class GateResult:
             return f"{self.label()} FAILED {len(self.failures)}/{len(self.checks)} checks; worst {worst.line()}{tail}"
         tightest = max(self.checks, key=lambda c: c.ratio)
         return f"{self.label()} passed {len(self.checks)} checks; tightest {tightest.line()}{tail}"
+
+    def __repr__(self) -> str:
+        """Its summary line: pytest shows the repr where ``assert result.passed`` fails, after the report."""
+        return f"<{self.summary()}>"
 
     def report(self, limit: int = 20) -> str:
         lines = [self.summary()]
