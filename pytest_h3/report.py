@@ -55,6 +55,11 @@ def _files(results: dict, thresholds: Path, model_name: str) -> list[Path]:
     return sorted(path for path in files if path.is_file())
 
 
+# The JUnit XML the evidence digests: a copy of this session's, since pytest rewrites --junitxml in every session,
+# an interrupted one too, which would leave the earlier evidence naming a file that changed under it.
+EVIDENCE_JUNIT = "evidence-junit.xml"
+
+
 def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
     from h3gate import evidence  # loads cryptography (signing): only where evidence is written
     results = session.ledger.results
@@ -69,7 +74,7 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
     if junit and Path(junit).is_file():
         if Path(session.out).resolve() in Path(junit).resolve().parents:
             evidence.redact_xml(Path(junit), facts)
-            extra.append(Path(junit))
+            extra.append(evidence.keep_copy(Path(junit), Path(session.out) / EVIDENCE_JUNIT))
         else:
             session.summary.append(f"{junit} is not evidence: only files under --h3-out are (--junitxml=OUT/junit.xml)")
     key = session.sign_key

@@ -159,6 +159,12 @@ def redact_xml(path: Path, environment: dict) -> None:
     write_atomic(path, buffer.getvalue())
 
 
+def keep_copy(path: Path, copy: Path) -> Path:
+    """``path``'s bytes written to ``copy`` (atomically): a file the evidence digests that its writer may rewrite."""
+    write_atomic(copy, path.read_bytes())
+    return copy
+
+
 def _escape(key: str) -> str:
     """A JSON pointer (RFC 6901) reference token."""
     return str(key).replace("~", "~0").replace("/", "~1")
