@@ -419,7 +419,8 @@ _DRAWS = {
         dims=_rope_dims, build=_rope_build,
         examples=({"rows": 467, "heads": 2, "head_dim": 32, "freq": 4, "rope": True, "batch": 1, "magnitude": 2.0},),
         edges=("rows",), from_call=_rope_call,  # heads x head_dim is its tile: kept whole
-        reduces=(("rows", {"head_dim": 8, "freq": 1}),),  # the weight gradient sums rows x heads
+        # The weight gradient sums rows x heads; the model's rows alone (56 heads would hold 17 M elements).
+        reduces=(("rows", {"heads": 1, "head_dim": 8, "freq": 1}),),
     ),
     # The second example is the release head_dim, at which h3_triton's Hopper forward runs: two batches, a
     # partial last key tile and a last query block whose second half is past the sequence.
