@@ -20,7 +20,7 @@ def test_release_calls_come_shape_only_with_every_grad_mode():
     calls = op_calls.model_calls("release", THRESHOLDS)
     assert {c.op for c in calls} == set(kernel_gate.OPS)
     assert {c.mode for c in calls} == {op_calls.AUTOGRAD, op_calls.NO_GRAD}
-    assert all(not a.grad for c in calls if c.mode == op_calls.NO_GRAD for _, a in c.args if a)
+    assert {c.op for c in calls if c.mode == op_calls.NO_GRAD} == set(kernel_gate.OPS)  # the generation step
     attention = [c.arg("q") for c in calls if c.op == "attention"]
     assert {(q.shape[2], q.shape[3]) for q in attention} == {(56, 128)} and max(q.shape[1] for q in attention) == 38733
     assert max(c.arg("weight").shape[0] for c in calls if c.op == "silu_linear") == 96768
@@ -40,7 +40,7 @@ def test_interpreter_examples_keep_the_release_widths_heads_and_lengths(shipped)
     assert max(e["c"] for e in examples("rms_norm_modulate")) == 5376
     assert max(e["f"] for e in examples("swiglu")) == 14336
     assert {(e["heads"], e["head_dim"]) for e in examples("qk_norm_rope")} >= {(56, 128)}
-    assert max(e["rows"] for op in kernel_gate.OPS for e in examples(op)) <= 32
+    assert max(e.get("rows", 0) for op in kernel_gate.OPS for e in examples(op)) <= 32
     modes = {e["mode"] for op in kernel_gate.OPS for e in examples(op)}
     assert modes == set(op_calls.MODES)
     long = kernel_gate.long_examples(kernel_gate.OP_SPECS["linear"], shipped, "bfloat16")
@@ -54,16 +54,11 @@ TRIGGERS = {
     "residual-wide-chunk-gate": "c=5376",
     "kv-heads-modulo-two": "heads=",
     "qk-norm-heads-tile-two": "heads=56",
-    "norm-weight-grad-bf16-partials": "rows=38733",
-    "gate-grad-bf16-partials": "rows=38733",
-    "linear-weight-grad-bf16-partials": "rows=38733",
-    "silu-split-k-partials-rounded": "n=",
     "softmax-without-max": "aligned=True",
     "norm-unmodulated-without-autograd": "mode=",
     "residual-in-place-without-autograd": "mode=",
     "kv-read-with-q-strides": "layout=independent",
     "residual-y-read-with-residual-strides": "layout=independent",
-    "swiglu-output-reused": "output_fresh",
 }
 
 
@@ -77,16 +72,12 @@ def test_the_shipped_model_s_triggers_catch_their_mutants(name, shipped):
         [c.line() for c in failures]
 
 
-def test_without_model_calls_those_mutants_pass():
-    """The triggers are the shipped model's: with no model calls, a mutant of the long reductions passes."""
-    mutant = MutantCandidate("linear-weight-grad-bf16-partials", ProviderCandidate())
-    result = kernel_gate.check(mutant, "linear", "cpu", dtypes=("bfloat16",), max_examples=1, shrink=False)
-    assert result.passed, result.summary()
-
-
 def test_a_second_call_s_output_is_its_own():
     spec = kernel_gate.OP_SPECS["swiglu"]
     dims = {**spec.examples[0], "mode": op_calls.INFERENCE}
     checks = kernel_gate.evaluate(spec, ProviderCandidate().kernel_ops()["swiglu"], dims, torch.bfloat16, "cpu", 0)
     fresh = [c for c in checks if c.kind == "output_fresh"]
     assert fresh and all(c.passed for c in checks), [c.line() for c in checks if not c.passed]
+    reused = MutantCandidate("swiglu-output-reused", ProviderCandidate()).kernel_ops()["swiglu"]
+    failed = [c for c in kernel_gate.evaluate(spec, reused, spec.examples[0], torch.bfloat16, "cpu", 0) if not c.passed]
+    assert failed and {c.kind for c in failed} == {"output_fresh"}, [c.line() for c in failed]

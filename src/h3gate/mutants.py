@@ -393,8 +393,6 @@ def single_key_returns_v(attention):
 # calls without autograd, inputs of different strides, a second call.
 
 WIDE_ROW = 2048  # the widest row a chunked row kernel holds in one chunk
-ROW_BLOCK = 1024  # rows a program of a reducing row kernel sums before it flushes a partial
-GEMM_ROW_BLOCK = 2048  # rows of one split of a weight gradient's reduction
 EXP_OVERFLOW = 88.72  # float32 exp overflows past this
 
 
@@ -444,66 +442,6 @@ def qk_norm_heads_tile_two(qk_norm_rope):
     def broken(x, weight, eps, cos=None, sin=None):
         out = qk_norm_rope(x, weight, eps, cos, sin)
         return torch.cat([out[:, :, :2], torch.zeros_like(out[:, :, 2:])], dim=2)
-
-    return broken
-
-
-def _row_blocks(call, rows: int, block: int) -> torch.Tensor:
-    """``call(start, stop)`` over blocks of ``rows``, concatenated along the rows (dim -2): each block's parameter
-    gradients are rounded to the parameters' dtype and summed in it, as partials held in that dtype are."""
-    return torch.cat([call(start, min(start + block, rows)) for start in range(0, rows, block)], dim=-2)
-
-
-def norm_weight_grad_bf16_partials(rms_norm_modulate):
-    """RMSNorm whose weight and table gradients sum per-program partials of 1,024 rows in the weights' dtype (bf16)
-    instead of float32: visible over the model's long reductions (38,733 rows), not over a toy's."""
-
-    def broken(x, weight, eps, scale=None, shift=None, idx=None):
-        return _row_blocks(lambda a, b: rms_norm_modulate(x[..., a:b, :], weight, eps, scale, shift,
-                                                          None if idx is None else idx[a:b]), x.shape[-2], ROW_BLOCK)
-
-    return broken
-
-
-def gate_grad_bf16_partials(gated_residual):
-    """A gated residual whose gate-table gradient sums per-program partials of 1,024 rows in the table's dtype."""
-
-    def broken(residual, y, gate=None, idx=None):
-        if gate is None:
-            return gated_residual(residual, y, gate, idx)
-        return _row_blocks(lambda a, b: gated_residual(residual[..., a:b, :], y[..., a:b, :], gate, idx[a:b]),
-                           residual.shape[-2], ROW_BLOCK)
-
-    return broken
-
-
-def linear_weight_grad_bf16_partials(linear):
-    """A GEMM whose weight gradient is split over rows (blocks of 2,048) and the partials added in the weight's
-    dtype: a split-K weight gradient whose partial buffer took the output's dtype instead of float32."""
-
-    def broken(x, weight, bias=None):
-        rows = x.reshape(-1, x.shape[-1])
-        out = _row_blocks(lambda a, b: linear(rows[a:b], weight, bias), rows.shape[0], GEMM_ROW_BLOCK)
-        return out.view(*x.shape[:-1], weight.shape[0])
-
-    return broken
-
-
-def silu_split_k_partials_rounded(silu_linear):
-    """AdaLN modulation whose split-K input gradient (N past two chunks of 4,096) stores each chunk's partial in
-    the weight's dtype instead of float32."""
-
-    def broken(temb, weight, bias=None):
-        chunk = 4096
-        if weight.shape[0] <= 2 * chunk:
-            return silu_linear(temb, weight, bias)
-
-        def rounded(grad):
-            return grad.to(weight.dtype).to(grad.dtype)
-
-        return torch.cat([silu_linear(_EditGradient.apply(temb, rounded), weight[a:a + chunk],
-                                      None if bias is None else bias[a:a + chunk])
-                          for a in range(0, weight.shape[0], chunk)], dim=-1)
 
     return broken
 
@@ -637,10 +575,6 @@ MUTANTS = {
         Mutant("residual-wide-chunk-gate", "gated_residual", ("kernel",), residual_wide_chunk_gate),
         Mutant("kv-heads-modulo-two", "attention", ("kernel",), kv_heads_modulo_two),
         Mutant("qk-norm-heads-tile-two", "qk_norm_rope", ("kernel",), qk_norm_heads_tile_two),
-        Mutant("norm-weight-grad-bf16-partials", "rms_norm_modulate", ("kernel",), norm_weight_grad_bf16_partials),
-        Mutant("gate-grad-bf16-partials", "gated_residual", ("kernel",), gate_grad_bf16_partials),
-        Mutant("linear-weight-grad-bf16-partials", "linear", ("kernel",), linear_weight_grad_bf16_partials),
-        Mutant("silu-split-k-partials-rounded", "silu_linear", ("kernel",), silu_split_k_partials_rounded),
         Mutant("softmax-without-max", "attention", ("kernel",), softmax_without_max),
         Mutant("norm-unmodulated-without-autograd", "rms_norm_modulate", ("kernel",),
                norm_unmodulated_without_autograd),

@@ -453,7 +453,7 @@ def _carve(tensor: torch.Tensor, device, extra: int = 0) -> torch.Tensor:
     """``tensor`` as a strided view into a larger NaN-filled buffer: ``1 + extra`` extra slots on every axis but the
     last, 16 bytes more on the last, so rows whose length is a multiple of 16 bytes stay 16-byte aligned (the layout
     kernels reading through tensor descriptors require) and the others do not."""
-    pads = [1 + extra] * (tensor.dim() - 1) + [max(1, 16 // tensor.element_size())] if tensor.dim() else []
+    pads = [1 + extra] * (tensor.dim() - 1) + [max(1, 16 // tensor.element_size()) * (1 + extra)] if tensor.dim() else []
     buffer = torch.full([s + p for s, p in zip(tensor.shape, pads)], float("nan"), dtype=tensor.dtype, device=device)
     view = buffer[tuple(slice(0, s) for s in tensor.shape)]
     view.copy_(tensor)
