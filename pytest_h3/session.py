@@ -170,21 +170,22 @@ class H3Session:
         self.started = True
         import pytest_h3.gates  # noqa: F401  the engine (torch, diffusers), which every gate item needs: paid here,
         import pytest_h3.report  # noqa: F401  once, not by the first item
-        self.one_thread_on_cpu()
+        self.share_host_threads()
         self.verify_thresholds()
         if not self.freezing:
             self.candidate
 
-    def one_thread_on_cpu(self) -> None:
+    def share_host_threads(self) -> None:
         """A session whose gates run on the CPU computes with one thread (:func:`h3gate.numerics.one_cpu_thread`), so
         one process, its xdist workers and its shards give the same evidence whatever the number of cores or workers,
-        and a resumed generation the same bits; one thread a worker also stops workers from oversubscribing the cores
-        (``make gate`` on 2 cores, 2 workers of 2 spinning threads each: 8:51, one thread a worker: 4:53). On a GPU,
-        the host's threads stay as they are."""
-        if self.device == "cpu":
-            from h3gate import numerics
+        and a resumed generation the same bits; one thread a worker also stops workers from oversubscribing the cores.
+        On a GPU, each xdist worker computes on its share of the host's cores; a GPU session alone keeps them all."""
+        from h3gate import numerics
 
+        if self.device == "cpu":
             numerics.one_cpu_thread()
+        elif (share := distribution.host_share()) is not None:
+            numerics.host_threads(share)
 
     def verify_thresholds(self) -> None:
         from h3gate import bounds as bounds_mod

@@ -74,17 +74,24 @@ def _check_model(spec: str) -> None:
 
 
 def _check_candidate(spec: str) -> None:
-    """The candidate's name must be installed; its options are checked when it is built, before the first gate."""
-    from h3gate.candidates import CandidateError, available, parse_spec
+    """The candidate's name must be installed. A candidate given with options is built here, so a bad option is the
+    run's first and only line (raised later, pytest would print its header and collection first); a bare name is
+    built before the first gate, and a session without gates never imports its kernels."""
+    from h3gate.candidates import CandidateError, available, load, parse_spec
 
     try:
-        name, _ = parse_spec(spec)
+        name, options = parse_spec(spec)
     except CandidateError as error:
         raise pytest.UsageError(f"--h3-candidate={spec}: {error}") from None
     names = available()
     if name not in names:
         raise pytest.UsageError(f"--h3-candidate={spec}: no candidate {name!r} is installed; installed: "
                                 f"{', '.join(sorted(names))} (`h3gate candidates` lists them)")
+    if options:
+        try:
+            load(spec)
+        except CandidateError as error:
+            raise pytest.UsageError(f"--h3-candidate={spec}: {error}") from None
 
 
 def _check_variants(spec: str, device_option: str) -> None:

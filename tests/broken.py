@@ -67,3 +67,17 @@ class ZeroedWeightGradient(Candidate):
 
 
 BROKEN = (DroppedKeyTile, AudioTakesTextModulation, ZeroedWeightGradient)
+
+
+def _attention_without_deterministic_kernel(processor, q, k, v):
+    """As cuDNN's SDPA on CUDA: the provider's arithmetic, and no kernel under torch's deterministic algorithms."""
+    if torch.are_deterministic_algorithms_enabled():
+        raise RuntimeError("No available kernel. Aborting execution.")
+    return PROVIDER_OPS.attention(processor, q, k, v)
+
+
+class NoDeterministicKernel(_OpsCandidate):
+    """A legitimate backend without a deterministic kernel: right numbers, but no two runs held to the same bits."""
+
+    name = "stand-in-no-deterministic-kernel"
+    ops = replace(PROVIDER_OPS, attention=_attention_without_deterministic_kernel)

@@ -154,10 +154,14 @@ def test_one_process_runs_cheap_gates_first_and_xdist_workers_the_expensive_ones
         < over_workers.index("kernel"), "a gate that waits for a verdict never starts a worker's first run of items"
 
 
-@pytest.mark.parametrize("device, env, threads", [("cpu", None, 1), ("cpu", "2", None), ("cuda", None, None)])
-def test_a_cpu_session_computes_with_one_thread(monkeypatch, device, env, threads):
-    """One thread on the CPU, torch's and numpy's BLAS, whatever the cores and workers (bits depend on the count);
-    untouched under OMP_NUM_THREADS or on a GPU."""
+@pytest.mark.parametrize("device, env, workers, threads", [
+    ("cpu", None, None, 1), ("cpu", None, "8", 1), ("cpu", "2", None, None), ("cuda", None, None, None),
+    ("cuda", None, "2", 8), ("cuda", None, "32", 1), ("cuda", "3", "2", None)])
+def test_a_session_computes_on_its_share_of_the_host(monkeypatch, device, env, workers, threads):
+    """One thread on the CPU, torch's and numpy's BLAS, whatever the cores and workers (bits depend on the count); on
+    a GPU an xdist worker's share of the host's cores (16 here), and all of them outside xdist; untouched under
+    OMP_NUM_THREADS."""
+    import os
     import types
 
     import torch
@@ -168,6 +172,12 @@ def test_a_cpu_session_computes_with_one_thread(monkeypatch, device, env, thread
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", env)
+    if workers is None:
+        monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
+    else:
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     from threadpoolctl import threadpool_info, threadpool_limits
 
     def blas_threads():
@@ -177,7 +187,7 @@ def test_a_cpu_session_computes_with_one_thread(monkeypatch, device, env, thread
     with threadpool_limits(limits=2, user_api="blas"):
         torch.set_num_threads(2)
         try:
-            H3Session.one_thread_on_cpu(types.SimpleNamespace(device=device))
+            H3Session.share_host_threads(types.SimpleNamespace(device=device))
             assert torch.get_num_threads() == (threads or 2)
             assert blas_threads() <= {threads or 2}
         finally:

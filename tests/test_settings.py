@@ -2,6 +2,7 @@
 
 And a session that runs no gate pays nothing for the plugin: importing it imports neither torch nor the gates."""
 
+import json
 import os
 import subprocess
 import sys
@@ -39,6 +40,8 @@ def _refused(project, *args, env=None):
     assert "Traceback" not in result.stdout.str() + result.stderr.str()
     errors = [line for line in result.stderr.lines if line.startswith("ERROR:")]
     assert len(errors) == 1, result.stderr.str()
+    assert "test session starts" not in result.stdout.str(), "the refusal must come first, before pytest's header"
+    assert [line for line in result.stderr.lines if line.strip()] == errors, result.stderr.str()
     return errors[0]
 
 
@@ -72,6 +75,25 @@ def test_a_model_folder_that_is_no_checkpoint(project, tmp_path):
     line = _refused(project, f"--h3-model={tmp_path / 'empty'}")
     assert f"--h3-model={tmp_path / 'empty'} is a folder but not a MiniMax-H3 checkpoint" in line
     assert not (project.path / "h3-out").exists(), "nothing is written for a session refused at its start"
+
+
+@pytest.mark.parametrize("config, says", [
+    ({"_class_name": "AutoencoderKL", "in_channels": 3}, "describes a 'AutoencoderKL', not a MiniMaxH3Transformer3DModel"),
+    ({"_class_name": "MiniMaxH3Transformer3DModel"}, "num_layers is None, not a count of blocks"),
+    ([1, 2], "expected a JSON object (transformer config)"),
+])
+def test_a_model_folder_whose_config_is_not_a_minimax_h3_transformer(project, tmp_path, config, says):
+    """The block gate's items are one per block: a config without MiniMax-H3's fields must be refused at the start,
+    not fail collection with a KeyError."""
+    (tmp_path / "vae").mkdir()
+    (tmp_path / "vae" / "config.json").write_text(json.dumps(config))
+    line = _refused(project, f"--h3-model={tmp_path / 'vae'}", "-m", "gate")
+    assert line.startswith(f"ERROR: --h3-model={tmp_path / 'vae'}") and says in line
+
+
+def test_a_candidate_option_that_does_not_build_is_refused_first(project):
+    line = _refused(project, "--h3-candidate=h3_triton:provider_groups=bogus", "-m", "gate")
+    assert "unknown op group(s) ['bogus']" in line
 
 
 def test_a_thresholds_folder_that_does_not_exist(project, tmp_path):

@@ -150,7 +150,8 @@ def test_model_names_and_sources_without_building_the_model(tiny, tmp_path):
     name = status_mod.model_name(str(tmp_path / "ckpt"))  # the folder's name and 12 hex of its transformer
     assert re.fullmatch(r"ckpt-[0-9a-f]{12}", name) and load_checkpoint(tmp_path / "ckpt").name == name
     (tmp_path / "other" / "transformer").mkdir(parents=True)
-    (tmp_path / "other" / "transformer" / "config.json").write_text(json.dumps({"num_layers": 3}))
+    config = {"_class_name": "MiniMaxH3Transformer3DModel", "num_layers": 3}
+    (tmp_path / "other" / "transformer" / "config.json").write_text(json.dumps(config))
     assert status_mod.num_layers(str(tmp_path / "other")) == 3
 
 

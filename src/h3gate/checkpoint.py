@@ -56,7 +56,7 @@ INDEX = "model_index.json"
 MODULAR_INDEX = "modular_model_index.json"
 PUBLISHED_REPOSITORY = "MiniMaxAI/MiniMax-H3"
 PIPELINE_CLASS = "MiniMaxH3ModularPipeline"
-TRANSFORMER_CLASS = MiniMaxH3Transformer3DModel.__name__
+TRANSFORMER_CLASS = status.TRANSFORMER_CLASS
 TRANSFORMERS = ("transformer", "transformer_ref")
 SAVED_DTYPES = {
     "transformer": torch.bfloat16,
@@ -111,20 +111,11 @@ def transformer_folder(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"{root}: not a folder; pass a diffusers MiniMax-H3 checkpoint folder")
     index = read_index(root)
     folder = status.transformer_folder(root)
-    if folder is None:
-        if index is not None:
-            _missing(root, "transformer")
-        raise CheckpointError(
-            f"{root}: not a MiniMax-H3 checkpoint: no {INDEX}, and no transformer/config.json or config.json of a "
-            f"{TRANSFORMER_CLASS}"
-        )
-    config = folder / "config.json"
-    try:
-        class_name = json.loads(config.read_text()).get("_class_name")
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as error:
-        raise CheckpointError(f"{config}: not a readable config ({error}); the checkpoint is damaged") from error
-    if class_name != TRANSFORMER_CLASS:
-        raise CheckpointError(f"{config}: describes a {class_name!r}, not a {TRANSFORMER_CLASS}: {root} is not a MiniMax-H3 checkpoint")
+    if folder is None and index is not None:
+        _missing(root, "transformer")
+    problem = status.not_a_checkpoint(root)
+    if problem:
+        raise CheckpointError(problem)
     return folder
 
 

@@ -24,11 +24,38 @@ def _variants(args) -> int:
 def _identity(args) -> int:
     from h3gate.model import ModelError, load_model
 
+    if args.candidate is not None:
+        return _candidate_identity(args)
+    if args.lock is not None:
+        return _refuse("identity", 2, "--lock writes a candidate lock: give the candidate with --candidate SPEC")
     try:
         model = load_model(args.model, args.seed)
     except ModelError as error:
         return _refuse("identity", 2, str(error))
     print(f"{model.name} {model.identity} ({model.source})")
+    return 0
+
+
+def _candidate_identity(args) -> int:
+    from h3gate import candidate_lock
+    from h3gate.candidates import CandidateError, load
+    from h3gate.evidence import candidate_digest, tool
+
+    try:
+        identity = load(args.candidate).identity()
+    except CandidateError as error:
+        return _refuse("identity", 2, f"--candidate {args.candidate}: {error}")
+    writer = tool()
+    if args.lock is not None:
+        problem = _free_folder(Path(args.lock).parent)
+        if problem:
+            return _refuse("identity", 2, f"--lock {args.lock}: {problem}")
+        try:
+            candidate_lock.write(Path(args.lock), identity)
+        except OSError as error:
+            return _refuse("identity", 2, str(error))
+    print(printable(f"{identity['name']} {candidate_digest(identity)} (h3gate {writer['version']} source "
+                    f"{writer['source_sha256'][:16]})" + (f"; locked in {args.lock}" if args.lock else "")))
     return 0
 
 
@@ -170,17 +197,29 @@ EXIT_CODES = {
 VERIFY_CODES = """exit codes:
   0  PASSED and complete, signed by a trusted key (--key or --keyring); artifacts, SHA256SUMS and
      redaction.json match; lock matches (when --thresholds); candidate and model as expected
-  2  usage: bad arguments, no trust decision, unreadable key, missing file or folder
-  3  bad signature: no signature by a trusted key, or it does not verify (statement changed after signing)
+  2  usage: bad arguments, no trust decision, a key file that is not whole PEM public keys (a truncated
+     block included), a missing file or folder, a candidate lock that is not one
+  3  bad signature: no signature by a trusted key verifies (every one by a trusted keyid is tried), or the
+     statement changed after signing
   4  unsigned evidence although a trusted key was given
-  5  an artifact is missing or its sha256 differs from the evidence; SHA256SUMS or redaction.json disagrees
+  5  an artifact is missing, not a regular file, or its sha256 differs from the evidence; SHA256SUMS or
+     redaction.json is missing, not a regular file, or disagrees with the evidence
   6  the thresholds lock does not verify, or a bounds/contract digest differs from the locked one
-  7  incomplete: a required gate was skipped, deselected or crashed (or --profile asks for more)
+  7  incomplete: a required gate was skipped, deselected or crashed (a built-in profile name means its
+     built-in requirements, whatever the evidence records; --profile asks for another)
   8  one or more gate tests failed
-  9  malformed evidence: not a DSSE envelope of an h3gate statement, unsafe subject names, hostile JSON,
-     or verdict fields that do not follow from the recorded tests
+  9  malformed evidence: not a regular file of at most 256 MiB holding a DSSE envelope of an h3gate
+     statement; unsafe subject names (outside the folder, control or line separator characters, a
+     component over 255 bytes); hostile JSON; a candidate entry whose name or digest disagrees with its
+     identity; verdict fields that do not follow from the recorded tests
   11 --allow-unsigned: every other check holds, but no trusted signature vouches for the verdict
-  12 the evidence qualifies another candidate or model than --expect-candidate / --expect-model"""
+  12 the evidence qualifies another candidate or model than --expect-candidate / --expect-model, or
+     another candidate identity or h3gate than --expect-candidate-lock"""
+SIGN_CODES = """exit codes:
+  0  verified as `h3gate verify --allow-unsigned` would pass it, written by this h3gate, and signed in place
+  2  usage: bad arguments, no signing key, an unreadable key, evidence that is signed already
+  5-9, 12  as `h3gate verify` (see its --help): nothing is signed
+  12 also: another h3gate (version or source digest) wrote the evidence"""
 REPORT_CODES = """exit codes:
   0  the report is written
   2  usage: bad arguments, missing evidence, an output path that cannot be written
@@ -239,39 +278,85 @@ def _keygen(args) -> int:
     return 0
 
 
+def _exists(path) -> bool:
+    """Whether ``path`` exists; a name the file system cannot hold (too long) does not."""
+    try:
+        return Path(path).exists()
+    except OSError:
+        return False
+
+
+def _checks(args) -> dict:
+    """The options of verify and sign that say what the evidence must hold, as :func:`h3gate.evidence.verify`'s
+    arguments; a bad one is a ValueError naming it."""
+    import re
+
+    from h3gate import candidate_lock, profiles
+
+    if args.expect_model is not None and not re.fullmatch(r"[0-9a-f]{64}", args.expect_model):
+        raise ValueError(f"--expect-model={args.expect_model} is not a model identity (64 hex digits, as "
+                         "`h3gate identity --model M` prints it)")
+    return {
+        "thresholds": args.thresholds,
+        "required": profiles.profile(args.profile) if args.profile else None,
+        "candidate": args.expect_candidate,
+        "model": args.expect_model,
+        "candidate_lock": candidate_lock.read(Path(args.expect_candidate_lock)) if args.expect_candidate_lock else None,
+    }
+
+
 def _verify(args) -> int:
     """A trust decision first: the keys that may vouch for a verdict, or --allow-unsigned, whose PASSED is never
     exit 0."""
-    import re
-
-    from h3gate import evidence, profiles, signing
+    from h3gate import evidence, signing
 
     if not (args.key or args.keyring or args.allow_unsigned):
         return _refuse("verify", 2, "no trust decision: pass --key PUB or --keyring FILE (the public keys you trust "
                        "to sign evidence), or --allow-unsigned to check everything but the signature")
     for path, what in ((args.evidence, "evidence"), (args.root, "--root"), (args.thresholds, "--thresholds")):
-        if path is not None and not Path(path).exists():
+        if path is not None and not _exists(path):
             return _refuse("verify", 2, f"{what} {path} does not exist")
-    if args.expect_model is not None and not re.fullmatch(r"[0-9a-f]{64}", args.expect_model):
-        return _refuse("verify", 2, f"--expect-model={args.expect_model} is not a model identity (64 hex digits, as "
-                       "`h3gate identity --model M` prints it)")
     try:
         trusted = [signing.load_public_key(path) for path in args.key or ()]
         trusted += signing.load_public_keys(args.keyring) if args.keyring else []
-        required = profiles.profile(args.profile) if args.profile else None
+        checks = _checks(args)
     except ValueError as error:
         return _refuse("verify", 2, str(error))
     try:
-        outcome = evidence.verify(
-            Path(args.evidence), trusted or None, args.thresholds, args.root, required, args.expect_candidate,
-            args.expect_model,
-        )
+        outcome = evidence.verify(Path(args.evidence), trusted or None, root=args.root, **checks)
     except signing.EvidenceError as error:
         return _refuse("verify", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
     if not outcome.trusted:
         return _refuse("verify", EXIT_CODES["untrusted"], f"untrusted: {outcome.line()} (--allow-unsigned: no "
                        "trusted key vouches for this verdict)")
     print(printable(outcome.line()))
+    return 0
+
+
+def _sign(args) -> int:
+    """Signs a run's unsigned evidence after verifying it here: the key vouches only for what this h3gate, with
+    these thresholds and this profile, finds PASSED."""
+    from h3gate import evidence, signing
+
+    for path, what in ((args.evidence, "evidence"), (args.thresholds, "--thresholds")):
+        if not _exists(path):
+            return _refuse("sign", 2, f"{what} {path} does not exist")
+    try:
+        key = signing.load_private_key(args.key)
+        checks = _checks(args)
+    except ValueError as error:
+        return _refuse("sign", 2, str(error))
+    if key is None:
+        return _refuse("sign", 2, f"no signing key: pass --key PRIV or set {signing.KEY_ENV} to the PEM text")
+    try:
+        path = evidence.sign_verified(Path(args.evidence), key, **checks)
+    except signing.EvidenceError as error:
+        return _refuse("sign", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
+    except evidence.AlreadySigned as error:
+        return _refuse("sign", 2, str(error))
+    except OSError as error:
+        return _refuse("sign", 2, str(error))
+    print(printable(f"signed {path} (keyid {signing.keyid(key.public_key())[:16]})"))
     return 0
 
 
@@ -422,6 +507,23 @@ def _power(args) -> int:
     return 0 if report.passed else 1
 
 
+def _add_checks(parser: argparse.ArgumentParser, thresholds_required: bool) -> None:
+    """The options shared by verify and sign: what the evidence must hold."""
+    parser.add_argument("--expect-candidate", metavar="NAME",
+                        help="the candidate the evidence must qualify (e.g. h3_triton; else exit 12)")
+    parser.add_argument("--expect-candidate-lock", metavar="FILE",
+                        help="the candidate lock (`h3gate identity --candidate SPEC --lock FILE`) whose identity and "
+                        "h3gate the evidence must have (else exit 12)")
+    parser.add_argument("--expect-model", metavar="IDENTITY",
+                        help="the model identity digest the evidence must qualify (`h3gate identity`; else exit 12)")
+    parser.add_argument("--thresholds", metavar="DIR", required=thresholds_required,
+                        help="thresholds folder whose LOCK.json must hold the evidence's bounds and contracts"
+                        + ("" if thresholds_required else " (default: not checked)"))
+    parser.add_argument("--profile", required=thresholds_required,
+                        help="the completeness profile to require (release, ci, model-block; default: the built-in "
+                        "profile of the recorded name, else the recorded one)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from h3gate.gates import REGISTRY
 
@@ -436,9 +538,17 @@ def build_parser() -> argparse.ArgumentParser:
     variants.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     variants.set_defaults(run=_variants)
 
-    identity = commands.add_parser("identity", help="print a model's identity digest")
+    identity = commands.add_parser(
+        "identity", help="print a model's identity digest, or a candidate's (and write its lock)",
+        description="Without --candidate: the model's identity digest (for verify --expect-model). With --candidate: "
+        "the candidate's identity digest and the h3gate that computed it; --lock FILE writes them as the candidate "
+        "lock verify --expect-candidate-lock checks. Run it where the gates run: the identity holds the triton "
+        "version, TRITON_INTERPRET and H3_TRITON_AUTOTUNE.",
+    )
     identity.add_argument("--model", default="tiny", help="tiny, edge, small or a checkpoint folder (default: tiny)")
     identity.add_argument("--seed", type=int, default=0, help="weight seed of an embedded model (default: 0)")
+    identity.add_argument("--candidate", metavar="SPEC", help="a candidate spec, as --h3-candidate takes it")
+    identity.add_argument("--lock", metavar="FILE", help="with --candidate: write the candidate lock here")
     identity.set_defaults(run=_identity)
 
     capture = commands.add_parser(
@@ -585,21 +695,27 @@ def build_parser() -> argparse.ArgumentParser:
     trust.add_argument("--keyring", metavar="FILE", help="a file of trusted public key PEMs, concatenated")
     trust.add_argument("--allow-unsigned", action="store_true",
                        help="check everything but the signature; the outcome is then never exit 0 (PASSED exits 11)")
-    verify.add_argument("--expect-candidate", metavar="NAME",
-                        help="the candidate the evidence must qualify (e.g. h3_triton; else exit 12)")
-    verify.add_argument("--expect-model", metavar="IDENTITY",
-                        help="the model identity digest the evidence must qualify (`h3gate identity`; else exit 12)")
+    _add_checks(verify, thresholds_required=False)
     verify.add_argument(
-        "--thresholds",
-        metavar="DIR",
-        help="thresholds folder whose LOCK.json must hold the evidence's bounds and contracts (default: not checked)",
+        "--root", metavar="DIR", help="folder of the artifacts, SHA256SUMS and redaction.json (default: the "
+        "evidence's folder)"
     )
-    verify.add_argument(
-        "--root", metavar="DIR", help="folder the artifact names are relative to (default: the evidence's folder)"
-    )
-    verify.add_argument("--profile",
-                        help="require this completeness profile instead of the recorded one (release, ci, model-block)")
     verify.set_defaults(run=_verify)
+
+    sign = commands.add_parser(
+        "sign",
+        help="sign a run's unsigned evidence in place, after verifying it with this h3gate, thresholds and profile",
+        description="Checks the evidence as `h3gate verify --allow-unsigned` does, requires that this h3gate (version "
+        "and source digest) wrote it, then signs it in place (evidence.json and SHA256SUMS, each written atomically). "
+        "Made for CI: the gate job runs the code under test unsigned, and a job on the base branch's code, with its "
+        "thresholds, signs what the run produced.",
+        epilog=SIGN_CODES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sign.add_argument("evidence", metavar="EVIDENCE", help="evidence.json (or the folder holding it, e.g. a bundle)")
+    sign.add_argument("--key", metavar="PRIV", help="private key PEM (default: the PEM text in H3GATE_SIGN_KEY)")
+    _add_checks(sign, thresholds_required=True)
+    sign.set_defaults(run=_sign)
 
     report = commands.add_parser(
         "report",

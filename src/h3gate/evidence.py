@@ -44,11 +44,22 @@ from datetime import datetime, timezone
 from importlib.metadata import PackageNotFoundError, version
 from importlib.util import find_spec
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from h3gate.bounds import BoundsError, verify_lock
 from h3gate.candidates import source_digest
-from h3gate.files import FileFormatError, dumps, loads_limited, sha256_bytes, sha256_file, write_atomic
-from h3gate.profiles import FAILED, INCOMPLETE, OUTCOMES, PASSED, Outcome, Profile, tally, verdict
+from h3gate.files import (
+    MAX_JSON_BYTES,
+    FileFormatError,
+    dumps,
+    loads_limited,
+    read_regular,
+    sha256_bytes,
+    sha256_file,
+    sha256_regular,
+    write_atomic,
+)
+from h3gate.profiles import FAILED, INCOMPLETE, OUTCOMES, PASSED, PROFILES, Outcome, Profile, tally, verdict
 from h3gate.signing import (
     EVIDENCE_NAME,
     Envelope,
@@ -60,6 +71,9 @@ from h3gate.signing import (
     open_envelope,
     sign,
 )
+
+if TYPE_CHECKING:
+    from h3gate.candidate_lock import CandidateLock
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://in-toto.io/attestation/test-result/v0.1"
@@ -164,19 +178,28 @@ def json_safe(value):
 # Building the statement -----------------------------------------------------------------------------------
 
 
+MAX_COMPONENT_BYTES, MAX_NAME_BYTES = 255, 4000  # what Linux file systems and PATH_MAX (4096) allow, with room
+
+
 def name_problem(name) -> str | None:
     """Why ``name`` cannot name a subject, or None. A name must stay inside the evidence folder (no absolute
-    path, no ``..``), so verifying never hashes a file elsewhere; and it must hold no control or format
-    character, so printing it cannot repaint a terminal."""
+    path, no ``..``), so verifying never hashes a file elsewhere; it must hold no control, format or line
+    separator character, so printing it cannot repaint a terminal and SHA256SUMS holds it on one line; and it must
+    be a path the file system can open, so checking it is a digest and never an OS error."""
     if not isinstance(name, str) or not name:
         return "is not a non-empty string"
-    bad = next((c for c in name if unicodedata.category(c)[0] == "C"), None)
+    bad = next((c for c in name if unicodedata.category(c)[0] == "C" or unicodedata.category(c) in ("Zl", "Zp")), None)
     if bad is not None:
         return f"holds the control character U+{ord(bad):04X}"
     if name.startswith("/") or "\\" in name or re.match(r"[A-Za-z]:", name):
         return "is not a relative POSIX path"
-    if any(part in ("", ".", "..") for part in name.split("/")):
+    parts = name.split("/")
+    if any(part in ("", ".", "..") for part in parts):
         return "has an empty, '.' or '..' component: it must name a file inside the evidence folder"
+    longest = max(len(part.encode()) for part in parts)
+    if longest > MAX_COMPONENT_BYTES or len(name.encode()) > MAX_NAME_BYTES:
+        return (f"is too long for a file system ({len(name.encode())} bytes, a component of {longest}; at most "
+                f"{MAX_NAME_BYTES} and {MAX_COMPONENT_BYTES})")
     return None
 
 
@@ -234,11 +257,16 @@ def configuration(thresholds: Path, files: list[Path], model: dict, candidate: d
     descriptors.append(
         {
             "name": f"candidate:{candidate['name']}",
-            "digest": {"sha256": sha256_bytes(canonical(candidate))},
+            "digest": {"sha256": candidate_digest(candidate)},
             "annotations": {"role": "candidate", "identity": candidate},
         }
     )
     return sorted(descriptors, key=lambda d: d["name"])
+
+
+def candidate_digest(identity: dict) -> str:
+    """The candidate's identity digest: sha256 of its canonical identity JSON."""
+    return sha256_bytes(canonical(identity))
 
 
 def environment_key(environment: dict) -> str:
@@ -347,6 +375,8 @@ def build_statement(
     config = []
     for index, descriptor in enumerate(configuration(thresholds, files, model, candidate)):
         annotations, fields = redact(descriptor["annotations"], f"/predicate/configuration/{index}/annotations")
+        if annotations["role"] == "candidate":  # the digest is of the identity as recorded, so anyone can recompute it
+            descriptor = {**descriptor, "digest": {"sha256": candidate_digest(annotations["identity"])}}
         config.append({**descriptor, "annotations": annotations})
         redacted.update(fields)
     return assemble(
@@ -417,12 +447,23 @@ def check_statement(statement, path: Path) -> None:
             and isinstance(entry.get("name"), str)
             and isinstance(entry.get("digest"), dict)
             and isinstance(entry.get("annotations"), dict)
-            and "role" in entry["annotations"],
+            and isinstance(entry["annotations"].get("role"), str),
             f"configuration entry {entry!r} lacks name, digest or role",
         )
     for role in ("model", "candidate"):
         count = sum(entry["annotations"]["role"] == role for entry in predicate["configuration"])
         need(count == 1, f"predicate.configuration names {count} entries of role {role}, not one")
+    candidate = next(e for e in predicate["configuration"] if e["annotations"]["role"] == "candidate")
+    identity = candidate["annotations"].get("identity")
+    need(isinstance(identity, dict) and isinstance(identity.get("name"), str),
+         "the candidate entry records no identity with a name")
+    need(candidate["name"] == f"candidate:{identity['name']}",
+         f"the candidate entry is named {candidate['name']!r} but its identity names {identity['name']!r}")
+    try:
+        digest = candidate_digest(identity)
+    except ValueError:  # NaN or the like, which canonical JSON refuses
+        digest = None
+    need(candidate["digest"].get("sha256") == digest, "the candidate's digest is not the sha256 of its recorded identity")
     h3 = predicate.get("h3")
     need(isinstance(h3, dict) and h3.get("schema") == SCHEMA, f"predicate.h3 is missing or not schema {SCHEMA}")
     for key, kind in (
@@ -513,7 +554,8 @@ def write_evidence(
 @dataclass
 class Verification:
     """What held up. ``trusted``: the signature verified by a trusted key; without that, no verdict is one a
-    reviewer may rely on, whatever ``result`` says."""
+    reviewer may rely on, whatever ``result`` says. ``profile``: the profile checked and where its requirements
+    came from."""
 
     statement: dict
     result: str
@@ -523,19 +565,18 @@ class Verification:
     artifacts: int
     lock: str
 
-    def identity(self) -> tuple[str, str]:
-        """(candidate name, model name and identity) as the statement's configuration records them."""
-        roles = {entry["annotations"]["role"]: entry for entry in self.statement["predicate"]["configuration"]}
-        model = roles["model"]
-        return roles["candidate"]["name"].removeprefix("candidate:"), (
-            f"{model['name'].removeprefix('model:')} {model['digest'].get('sha256', '')[:16]}"
-        )
-
     def line(self) -> str:
-        candidate, model = self.identity()
+        """The verdict line: what was checked against what, and what the evidence binds (candidate and model
+        identity digests, the h3gate that wrote it)."""
+        roles = {entry["annotations"]["role"]: entry for entry in self.statement["predicate"]["configuration"]}
+        candidate, model = roles["candidate"], roles["model"]
+        writer = self.statement["predicate"]["h3"]["tool"]
         return (
-            f"{self.result} (profile {self.profile}); candidate {candidate}; model {model}; signature: "
-            f"{self.signature}; {self.artifacts} artifacts match; lock: {self.lock}"
+            f"{self.result} (profile {self.profile}); candidate {candidate['name'].removeprefix('candidate:')} "
+            f"{candidate['digest']['sha256'][:16]}; model {model['name'].removeprefix('model:')} "
+            f"{str(model['digest'].get('sha256', ''))[:16]}; h3gate {writer['version']} source "
+            f"{writer['source_sha256'][:16]}; signature: {self.signature}; {self.artifacts} artifacts match; "
+            f"lock: {self.lock}"
         )
 
 
@@ -552,29 +593,37 @@ def check_identity(statement: dict, candidate: str | None, model: str | None) ->
         )
 
 
+MAX_SUMS_BYTES = 64 << 20  # a million artifacts' lines
+
+
+def _sidecar(path: Path, what: str, limit: int = MAX_JSON_BYTES) -> bytes:
+    try:
+        return read_regular(path, what, limit)
+    except FileFormatError as error:
+        raise EvidenceError("digest", f"{error} (`h3gate bundle` writes it beside the evidence)") from None
+
+
 def check_sidecars(statement: dict, folder: Path, envelope: Path) -> None:
-    """``SHA256SUMS`` and ``redaction.json`` beside the envelope, where present, agree with it: sha256sum -c and
-    verify never disagree, and the redaction a reader sees is the one that was signed."""
-    redaction = folder / REDACTION_NAME
-    if redaction.is_file():
-        try:
-            found = loads_limited(redaction.read_bytes(), redaction, "redaction record")
-        except FileFormatError as error:
-            raise EvidenceError("digest", str(error)) from None
-        if found != redaction_record(statement):
-            raise EvidenceError("digest", f"{redaction} differs from the redacted fields the statement records")
-    sums = folder / SUMS_NAME
-    if not sums.is_file():
-        return
+    """``SHA256SUMS`` and ``redaction.json`` in ``folder`` (where the artifacts are) agree with the envelope: sha256sum
+    -c and verify never disagree, and the redaction a reader sees is the one that was signed. Both must be there,
+    as the tool writes them: a check the help promises is never skipped because a file is gone."""
+    redaction, sums = folder / REDACTION_NAME, folder / SUMS_NAME
+    try:
+        found = loads_limited(_sidecar(redaction, "redaction record"), redaction, "redaction record")
+    except FileFormatError as error:
+        raise EvidenceError("digest", str(error)) from None
+    if found != redaction_record(statement):
+        raise EvidenceError("digest", f"{redaction} differs from the redacted fields the statement records")
     expected = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
     expected[EVIDENCE_NAME] = sha256_file(envelope)
-    if redaction.is_file():
-        expected[REDACTION_NAME] = sha256_file(redaction)
+    expected[REDACTION_NAME] = sha256_file(redaction)
     listed = {}
-    for number, line in enumerate(sums.read_bytes().decode("utf-8", "replace").splitlines(), start=1):
+    text = _sidecar(sums, "SHA256SUMS list", MAX_SUMS_BYTES).decode("utf-8", "replace")
+    for number, line in enumerate(text.removesuffix("\n").split("\n"), start=1):  # lines as sha256sum splits them
         match = re.fullmatch(r"([0-9a-f]{64})  (.+)", line)
-        if match is None or name_problem(match.group(2)):
-            raise EvidenceError("digest", f"{sums} line {number} is not '<sha256>  <name inside the folder>'")
+        if match is None or name_problem(match.group(2)) or match.group(2) in listed:
+            raise EvidenceError("digest", f"{sums} line {number} is not '<sha256>  <name inside the folder>', "
+                                "each name once")
         listed[match.group(2)] = match.group(1)
     if set(listed) != set(expected):
         extra = sorted(set(listed) ^ set(expected))
@@ -582,6 +631,67 @@ def check_sidecars(statement: dict, folder: Path, envelope: Path) -> None:
     for name, digest in sorted(listed.items()):
         if expected[name] != digest:
             raise EvidenceError("digest", f"{sums}: {name} has sha256 {digest[:16]} there, {expected[name][:16]} in the evidence")
+
+
+def check_subjects(statement: dict, root: Path) -> None:
+    """Every artifact is a regular file under ``root`` with the digest the statement records."""
+    for subject in statement["subject"]:
+        try:
+            found = sha256_regular(root / subject["name"], "artifact")
+        except FileFormatError as error:
+            raise EvidenceError("digest", f"artifact {subject['name']}: {error}") from None
+        recorded = subject["digest"]["sha256"]
+        if found != recorded:
+            raise EvidenceError(
+                "digest",
+                f"artifact {subject['name']} has sha256 {found[:16]} on disk but {recorded[:16]} in the evidence",
+            )
+
+
+def check_lock(statement: dict, thresholds: Path) -> str:
+    """The statement's bounds and contracts are those of the thresholds lock, which verifies."""
+    try:
+        locked = verify_lock(thresholds)
+    except (BoundsError, FileFormatError, OSError) as error:
+        raise EvidenceError("lock", str(error).replace("\n", " ")) from None
+    for entry in statement["predicate"]["configuration"]:
+        if entry["annotations"]["role"] not in ROLES:
+            continue
+        if locked.get(entry["name"]) != entry["digest"].get("sha256"):
+            held = locked.get(entry["name"], "no entry")[:16]
+            raise EvidenceError(
+                "lock",
+                f"{entry['annotations']['role']} {entry['name']}: sha256 {str(entry['digest'].get('sha256', ''))[:16]} "
+                f"in the evidence, {held} in {thresholds / 'LOCK.json'}",
+            )
+    return f"matches {thresholds / 'LOCK.json'}"
+
+
+def check_verdict(statement: dict, required: Profile | None) -> tuple[str, str]:
+    """(verdict, profile label): the recorded verdict fields must follow from the recorded tests and profile; the
+    verdict is then recomputed against ``required``, else the built-in profile of the recorded name (a built-in name
+    never means what the evidence says it means), else the recorded profile. FAILED and INCOMPLETE raise."""
+    h3 = statement["predicate"]["h3"]
+    recorded = Profile.from_json(h3["profile"])
+    recomputed = tally(h3["tests"], recorded)
+    for key in ("result", "passedTests", "warnedTests", "failedTests"):
+        if statement["predicate"][key] != recomputed[key]:
+            raise EvidenceError("malformed", f"predicate.{key} does not follow from the recorded tests (edited?)")
+    for key in ("verdict", "completeness"):
+        if h3[key] != recomputed[key]:
+            raise EvidenceError("malformed", f"predicate.h3.{key} does not follow from the recorded tests (edited?)")
+    required = required or PROFILES.get(recorded.name, recorded)
+    label = f"{required.name}, {'built-in' if PROFILES.get(required.name) == required else 'as recorded'}"
+    recomputed = tally(h3["tests"], required)
+    if recomputed["verdict"] == FAILED:
+        failed = [n for n in recomputed["failedTests"] if verdict(h3["tests"][n]) == "failed"]
+        more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
+        raise EvidenceError("failed", f"{len(failed)} gate test(s) failed, first {failed[0]}{more}")
+    if recomputed["verdict"] == INCOMPLETE:
+        problems = recomputed["completeness"]["problems"]
+        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise EvidenceError("incomplete", f"incomplete for profile {required.name}: {problems[0]}{more}")
+    return recomputed["verdict"], label
 
 
 def verify(
@@ -592,13 +702,13 @@ def verify(
     required: Profile | None = None,
     candidate: str | None = None,
     model: str | None = None,
+    candidate_lock: CandidateLock | None = None,
 ) -> Verification:
     """Check signature, identity, artifact digests, the thresholds lock and the verdict, in that order; the first
     failure raises an :class:`EvidenceError`. ``trusted``: the public keys whose signature makes the verdict
     trusted (one must have signed); None checks everything else and returns an untrusted verification. The
-    verdict is recomputed from the tests (against ``required`` when given, else the statement's own profile)
-    and must equal the recorded one; ``candidate`` and ``model`` (an identity digest) are what the evidence
-    must qualify."""
+    verdict is recomputed from the tests (:func:`check_verdict`); ``candidate``, ``model`` (an identity digest)
+    and ``candidate_lock`` are what the evidence must qualify."""
     envelope = open_envelope(evidence)
     signer = envelope.check_signature(trusted) if trusted else None
     statement = statement_of(envelope)
@@ -610,61 +720,37 @@ def verify(
     else:
         signature = f"NOT CHECKED (signed by keyid {h3['signer'][:16]}; pass --key or --keyring to check it)"
     check_identity(statement, candidate, model)
-
+    if candidate_lock is not None:
+        candidate_lock.check(statement)
     root = Path(root) if root is not None else envelope.path.parent
-    for subject in statement["subject"]:
-        path = root / subject["name"]
-        if not path.is_file():
-            raise EvidenceError("digest", f"artifact {subject['name']} is missing (looked for {path})")
-        found, recorded = sha256_file(path), subject["digest"]["sha256"]
-        if found != recorded:
-            raise EvidenceError(
-                "digest",
-                f"artifact {subject['name']} has sha256 {found[:16]} on disk but {recorded[:16]} in the evidence",
-            )
-    check_sidecars(statement, envelope.path.parent, envelope.path)
+    check_subjects(statement, root)
+    check_sidecars(statement, root, envelope.path)
+    lock = check_lock(statement, Path(thresholds)) if thresholds is not None else "not checked (pass --thresholds)"
+    result, label = check_verdict(statement, required)
+    return Verification(statement, result, label, signature, signer is not None, len(statement["subject"]), lock)
 
-    lock = "not checked (pass --thresholds)"
-    if thresholds is not None:
-        try:
-            locked = verify_lock(Path(thresholds))
-        except (BoundsError, FileFormatError) as error:
-            raise EvidenceError("lock", str(error).replace("\n", " ")) from None
-        for entry in statement["predicate"]["configuration"]:
-            if entry["annotations"]["role"] not in ROLES:
-                continue
-            if locked.get(entry["name"]) != entry["digest"].get("sha256"):
-                held = locked.get(entry["name"], "no entry")[:16]
-                raise EvidenceError(
-                    "lock",
-                    f"{entry['annotations']['role']} {entry['name']}: "
-                    f"sha256 {str(entry['digest'].get('sha256', ''))[:16]} in the "
-                    f"evidence, {held} in {Path(thresholds) / 'LOCK.json'}",
-                )
-        lock = f"matches {Path(thresholds) / 'LOCK.json'}"
 
-    recorded_profile = Profile.from_json(h3["profile"])
-    recomputed = tally(h3["tests"], recorded_profile)
-    for key in ("result", "passedTests", "warnedTests", "failedTests"):
-        if statement["predicate"][key] != recomputed[key]:
-            raise EvidenceError("malformed", f"predicate.{key} does not follow from the recorded tests (edited?)")
-    for key in ("verdict", "completeness"):
-        if h3[key] != recomputed[key]:
-            raise EvidenceError("malformed", f"predicate.h3.{key} does not follow from the recorded tests (edited?)")
-    if required is not None:
-        recomputed = tally(h3["tests"], required)
-    required = required or recorded_profile
-    if recomputed["verdict"] == FAILED:
-        failed = [n for n in recomputed["failedTests"] if verdict(h3["tests"][n]) == "failed"]
-        more = f" (+{len(failed) - 1} more)" if len(failed) > 1 else ""
-        raise EvidenceError("failed", f"{len(failed)} gate test(s) failed, first {failed[0]}{more}")
-    if recomputed["verdict"] == INCOMPLETE:
-        problems = recomputed["completeness"]["problems"]
-        more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise EvidenceError("incomplete", f"incomplete for profile {required.name}: {problems[0]}{more}")
-    return Verification(
-        statement, recomputed["verdict"], required.name, signature, signer is not None, len(statement["subject"]), lock
-    )
+class AlreadySigned(ValueError):
+    """Evidence that carries a signature already: only a run's unsigned evidence is signed."""
+
+
+def sign_verified(evidence: Path, key: PrivateKey, **checks) -> Path:
+    """Sign a run's unsigned evidence in place once it verifies here (everything but a signature, ``checks`` as
+    :func:`verify` takes them) and this h3gate wrote it. The key then vouches for a verdict that this h3gate, these
+    thresholds and this profile reach, and never reaches the code under test, which ran unsigned."""
+    envelope = open_envelope(evidence)
+    if envelope.signatures:
+        raise AlreadySigned(f"{envelope.path} is signed already (keyid {envelope.signed_by()[0][:16]}): sign only the "
+                            "unsigned evidence of a run")
+    statement = verify(envelope.path, **checks).statement
+    writer, own = statement["predicate"]["h3"]["tool"], tool()
+    if (writer["version"], writer["source_sha256"]) != (own["version"], own["source_sha256"]):
+        raise EvidenceError(
+            "mismatch",
+            f"h3gate {writer['version']} source {writer['source_sha256'][:16]} wrote {envelope.path}, not this h3gate "
+            f"({own['version']} source {own['source_sha256'][:16]}): the key vouches only for runs this h3gate judged",
+        )
+    return write_sealed(envelope.path.parent, statement, key)
 
 
 def bundle(evidence: Path, out_dir: Path) -> list[Path]:

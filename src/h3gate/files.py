@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -70,11 +71,52 @@ def file_digests(paths: list[Path], progress=None) -> list[str]:
 
 
 def sha256_file(path: str | os.PathLike) -> str:
-    digest = hashlib.sha256()
     with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 24), b""):
-            digest.update(chunk)
+        return _sha256_stream(handle)
+
+
+def _sha256_stream(handle) -> str:
+    digest = hashlib.sha256()
+    for chunk in iter(lambda: handle.read(1 << 24), b""):
+        digest.update(chunk)
     return digest.hexdigest()
+
+
+MAX_JSON_BYTES = 256 << 20  # a release run's evidence is a few MB; a bigger JSON file is hostile or broken
+
+
+def open_regular(path: str | os.PathLike, what: str):
+    """``path`` opened for reading, when it is a regular file (after symlinks): a FIFO, a device such as /dev/zero or
+    a folder where a file is expected would hang, exhaust memory or fail later with a traceback. Opened without
+    blocking, so a FIFO is refused instead of waited on. Anything else is a :class:`FileFormatError` naming it."""
+    try:
+        handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise FileFormatError(path, f"missing ({what} expected)") from None
+    except OSError as error:
+        raise FileFormatError(path, f"unreadable {what}: {error.strerror or error}") from None
+    mode = os.fstat(handle).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(handle)
+        kind = "a folder" if stat.S_ISDIR(mode) else "a device, FIFO or socket"
+        raise FileFormatError(path, f"is {kind}, not a regular file; a {what} is a plain file")
+    return os.fdopen(handle, "rb")
+
+
+def read_regular(path: str | os.PathLike, what: str, limit: int = MAX_JSON_BYTES) -> bytes:
+    """The bytes of the regular file ``path`` (:func:`open_regular`), refused past ``limit`` bytes without reading
+    more than that into memory."""
+    with open_regular(path, what) as handle:
+        data = handle.read(limit + 1)
+    if len(data) > limit:
+        raise FileFormatError(path, f"over {limit:,} bytes: too large for a {what}")
+    return data
+
+
+def sha256_regular(path: str | os.PathLike, what: str) -> str:
+    """sha256 of the regular file ``path``, refusing anything else as :func:`open_regular` does."""
+    with open_regular(path, what) as handle:
+        return _sha256_stream(handle)
 
 
 def sha256_bytes(data: bytes) -> str:
@@ -152,13 +194,7 @@ def loads_limited(text: str | bytes, where, what: str):
 def read_json(path: str | os.PathLike, what: str) -> dict:
     """A JSON object from ``path``; anything else is a :class:`FileFormatError` saying it is not a ``what``."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise FileFormatError(path, f"missing ({what} expected)") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise FileFormatError(path, f"unreadable {what}: {error}") from error
-    value = loads_limited(text, path, what)
+    value = loads_limited(read_regular(path, what), path, what)
     if not isinstance(value, dict):
         raise FileFormatError(path, f"expected a JSON object ({what}), found {type(value).__name__}")
     return value

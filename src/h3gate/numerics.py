@@ -34,6 +34,7 @@ class Mode:
     compiled: bool = False
     dtypes: tuple[str, ...] | None = None  # the floating dtypes its forced attention backend takes; None: all
     every_shape: bool = True  # whether its forced attention backend takes every shape the kernel gate draws
+    deterministic: bool = True  # whether it runs under torch's deterministic algorithms (cuDNN SDPA has no kernel)
 
     @property
     def sets_switches(self) -> bool:
@@ -66,7 +67,8 @@ _CUDA_VARIANTS = (
          dtypes=_HALF),
     Mode("sdpa-efficient", "provider with SDPA forced to memory-efficient attention", attention_backend="_native_efficient"),
     Mode("sdpa-cudnn", "provider with SDPA forced to cuDNN attention", attention_backend="_native_cudnn",
-         dtypes=_HALF, every_shape=False),  # "No available kernel" for a one-row sequence
+         dtypes=_HALF, every_shape=False, deterministic=False),  # "No available kernel" for a one-row sequence and
+    # under torch.use_deterministic_algorithms(True)
     Mode("sdpa-math", "provider with SDPA forced to the math kernel", attention_backend="_native_math"),
     Mode("blas-cublaslt", "provider with cuBLASLt as the BLAS library", blas="cublaslt"),
     Mode("compiled", "provider under torch.compile (inductor fuses and keeps intermediates in fp32)", compiled=True),
@@ -81,14 +83,20 @@ def one_cpu_thread() -> None:
     """Compute with one thread, torch's and numpy's BLAS (on which Triton's interpreter runs ``tl.dot``), unless
     ``OMP_NUM_THREADS`` says otherwise: torch's bits depend on its thread count (the block gate's backward differs in
     the last bits between one thread and two), and CPU gates and power tables must give the same bits on any number
-    of cores. numpy's BLAS is limited through threadpoolctl (the scikit-learn project's runtime control of BLAS and
-    OpenMP pools: OpenBLAS reads its environment only when it loads, before a session starts)."""
+    of cores."""
+    host_threads(1)
+
+
+def host_threads(count: int) -> None:
+    """Compute on ``count`` threads, torch's and numpy's BLAS, unless ``OMP_NUM_THREADS`` says otherwise. numpy's
+    BLAS is limited through threadpoolctl (the scikit-learn project's runtime control of BLAS and OpenMP pools:
+    OpenBLAS reads its environment only when it loads, before a session starts)."""
     if "OMP_NUM_THREADS" in os.environ:
         return
     from threadpoolctl import threadpool_limits
 
-    torch.set_num_threads(1)
-    threadpool_limits(limits=1, user_api="blas")
+    torch.set_num_threads(count)
+    threadpool_limits(limits=count, user_api="blas")
 
 
 def variants(device: str | torch.device) -> tuple[Mode, ...]:

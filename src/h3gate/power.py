@@ -25,6 +25,7 @@ import torch
 
 from h3gate import numerics
 from h3gate.block_program import PROVIDER_OPS, Installation
+from h3gate.gates.kernel import shared_torch_side
 from h3gate.candidates import Candidate, CandidateError
 from h3gate import gates as gate_registry
 from h3gate.mutants import MUTANTS, MutantCandidate
@@ -171,13 +172,17 @@ def measure(
     mutants=tuple(MUTANTS),
     variants=None,
     gates=None,
+    ops=None,
     kernel_examples: int = 4,
     progress=lambda message: None,
 ) -> Report:
     """The power table of ``gates`` (default: every registered gate but this one) over ``mutants`` of ``base`` and
     the provider ``variants`` of ``device``. Each gate's items and frozen bounds come through the gate protocol
-    (:mod:`h3gate.gates`), contract checks included; the generation gate measures its preflight contract."""
+    (:mod:`h3gate.gates`), contract checks included; the generation gate measures its preflight contract. ``ops``
+    narrows the kernel gate's items and the mutants to those ops."""
     gates = tuple(gates) if gates is not None else gates_measured()
+    if ops is not None:
+        mutants = [name for name in mutants if MUTANTS[name].op in ops]
     unknown = [gate for gate in gates if gate not in gates_measured()]
     if unknown:
         raise ValueError(f"unknown gates {unknown}; gates: {', '.join(gates_measured())}")
@@ -189,13 +194,20 @@ def measure(
     frozen = {}  # gate -> [(item run, its bounds)]
     for gate in gates:
         module = gate_registry.REGISTRY[gate].module
-        item_runs = [base_run.with_params(**params) for params in module.items(base_run)]
+        item_runs = [base_run.with_params(**params) for params in module.items(base_run)
+                     if ops is None or params.get("op", ops[0]) in ops]
         has_bounds = module.bounds_file(base_run if not item_runs else item_runs[0]) is not None
         frozen[gate] = [(item, module.load_bounds(item) if has_bounds else None) for item in item_runs]
     subjects = [("mutant", MutantCandidate(name, base)) for name in mutants]
     subjects += [("variant", VariantCandidate(name, device)) for name in (variants if variants is not None else [m.name for m in numerics.variants(device)])]
     model_bounds = frozen["model"][0][1] if "model" in frozen else None
     report = Report(model_taps=sorted(model_bounds.bounds) if model_bounds else [])
+    with shared_torch_side():  # every subject meets the kernel gate's same examples
+        _measure_subjects(report, subjects, gates, frozen, progress)
+    return report
+
+
+def _measure_subjects(report: Report, subjects: list, gates: tuple, frozen: dict, progress) -> None:
     for kind, candidate in subjects:
         meant = set(candidate.mutant.caught_by) if kind == "mutant" else set(gates_measured())
         for gate in gates:
@@ -203,7 +215,8 @@ def measure(
             if gate == "kernel" and kind == "variant" and not candidate.mode.every_shape:
                 continue  # n/a in the table: its backend refuses shapes the kernel gate draws; the others gate it
             progress(f"{candidate.name} x {gate}")
-            results = [_check_item(gate, dataclasses.replace(item, candidate=candidate), bounds)
+            repeat = kind == "mutant" or candidate.mode.deterministic  # a variant without one: judged by numerics
+            results = [_check_item(gate, dataclasses.replace(item, candidate=candidate, repeat=repeat), bounds)
                        for item, bounds in items]
             rejected = [result for result in results if not result.passed]
             line = (rejected or results)[0].summary()
@@ -215,7 +228,6 @@ def measure(
             if gate == "model" and kind == "mutant":
                 for check in results[0].failures:
                     report.tap_failures[check.name] = report.tap_failures.get(check.name, 0) + 1
-    return report
 
 
 def _check_item(gate: str, item, bounds) -> GateResult:
@@ -235,8 +247,9 @@ def _applies(params: dict, kind: str, candidate) -> bool:
     return True
 
 
-def as_result(report: Report, base: Candidate) -> GateResult:
-    """The power report as a gate result: one check per (subject, gate meant for it), the table in the metrics."""
+def as_result(report: Report, base: Candidate, params: dict | None = None) -> GateResult:
+    """The power report as a gate result (of the item ``params`` name): one check per (subject, gate meant for it),
+    the table in the metrics."""
     checks = [
         Check(f"{row.subject} x {row.gate}", "power", 0.0 if row.ok else 1.0, 0.0, row.ok, {"verdict": row.verdict, "line": row.line})
         for row in report.rows
@@ -248,14 +261,30 @@ def as_result(report: Report, base: Candidate) -> GateResult:
         for item, rejected in sorted(report.kernel_items.items())
     ]
     context = {"base": base.identity(), "non_discriminating": report.non_discriminating}
-    return GateResult(GATE, {}, checks, context, {"power_table": report.table(), **report.to_json()})
+    return GateResult(GATE, dict(params or {}), checks, context, {"power_table": report.table(), **report.to_json()})
 
 
 # The gate protocol (:mod:`h3gate.gates`) ------------------------------------------------------------------
 
+# One item per gate measured, the kernel gate's per op (``gates="all"``): every subject against that gate (or op), so
+# xdist spreads the measurement and each of the report's verdicts (every row, the kernel items' power, the model taps
+# no mutant exceeded) still lies whole inside one item: a kernel item meets only its own op's mutants. A callable: a
+# gate registered after this module is imported is measured too.
+KERNEL_OP = "kernel:"
+
+
+def measured() -> tuple[str, ...]:
+    from h3gate.gates.kernel import OPS
+
+    return tuple(part for gate in gates_measured()
+                 for part in ([KERNEL_OP + op for op in OPS] if gate == "kernel" else [gate]))
+
+
+LIST_CHOICES = {"gates": measured}
+
 
 def items(run) -> list[dict]:
-    return [{}]
+    return [{"measured": part} for part in measured()]
 
 
 def bounds_file(run) -> None:
@@ -264,10 +293,13 @@ def bounds_file(run) -> None:
 
 def check_item(run, _bounds) -> GateResult:
     """The mutants' base is the run's candidate on a GPU and the provider's ops on CPU, where the interpreter makes
-    h3_triton gate runs slow."""
+    h3_triton gate runs slow. An item measures the gate its params name, or every gate."""
     from h3gate.candidates import ProviderCandidate
 
     base = run.candidate if run.device.startswith("cuda") else ProviderCandidate()
+    part = run.params.get("measured")
+    gate, _, op = (part or "").partition(":")
     with run.progress(None) as bar:
-        report = measure(run.model, run.device, run.thresholds, run.out / "power", base, progress=bar.step)
-    return as_result(report, base)
+        report = measure(run.model, run.device, run.thresholds, run.out / "power", base, gates=[gate] if part else None,
+                         ops=[op] if op else None, progress=bar.step)
+    return as_result(report, base, run.params)

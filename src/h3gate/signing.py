@@ -23,13 +23,14 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from h3gate.files import FileFormatError, read_json, sha256_bytes, write_atomic
+from h3gate.files import FileFormatError, read_json, read_regular, sha256_bytes, write_atomic
 
 PAYLOAD_TYPE = "application/vnd.in-toto+json"
 EVIDENCE_NAME = "evidence.json"
 PRIVATE_KEY_NAME = "h3gate-signing-key.pem"
 PUBLIC_KEY_NAME = "h3gate-signing-key.pub.pem"
 KEY_ENV = "H3GATE_SIGN_KEY"
+MAX_KEYRING_BYTES = 1 << 20  # thousands of keys; more is not a keyring
 
 # The key types, named here so modules that pass keys along need not import cryptography for an annotation.
 PrivateKey = Ed25519PrivateKey
@@ -105,16 +106,18 @@ class Envelope:
             others = ", ".join(s["keyid"][:16] for s in self.signatures)
             names = ", ".join(k[:16] for k in sorted(wanted))
             raise EvidenceError("signature", f"{self.path} has no signature by a trusted key ({names}); signed by {others}")
-        signature = matching[0]
-        try:
-            wanted[signature["keyid"]].verify(_b64decode(signature["sig"], "signature"), pae(PAYLOAD_TYPE, self.payload))
-        except InvalidSignature:
-            raise EvidenceError(
-                "signature",
-                f"{self.path}: signature by key {signature['keyid'][:16]} does not verify: "
-                "the statement was changed after signing",
-            ) from None
-        return signature["keyid"]
+        message = pae(PAYLOAD_TYPE, self.payload)
+        for signature in matching:  # every one: a garbage signature listed first must not hide a valid one
+            try:
+                wanted[signature["keyid"]].verify(_b64decode(signature["sig"], "signature"), message)
+                return signature["keyid"]
+            except (InvalidSignature, EvidenceError):
+                continue
+        raise EvidenceError(
+            "signature",
+            f"{self.path}: signature by key {matching[0]['keyid'][:16]} does not verify ({len(matching)} by a trusted "
+            "keyid tried): the statement was changed after signing",
+        )
 
 
 def open_envelope(path: Path) -> Envelope:
@@ -182,9 +185,9 @@ def load_private_key(path: str | os.PathLike | None = None) -> PrivateKey | None
     if path is not None:
         path = Path(path)
         try:
-            return _private_from_pem(path.read_bytes(), str(path))
-        except OSError as error:
-            raise SigningKeyError(f"{path}: cannot read the signing key ({error})") from None
+            return _private_from_pem(read_regular(path, "signing key PEM", MAX_KEYRING_BYTES), str(path))
+        except FileFormatError as error:
+            raise SigningKeyError(f"cannot read the signing key: {error}") from None
     text = os.environ.get(KEY_ENV)
     if not text:
         return None
@@ -199,12 +202,15 @@ def load_public_keys(path: str | os.PathLike) -> list[PublicKey]:
     """Every Ed25519 public key of a PEM file: one (``--key``), or several concatenated (a ``--keyring``)."""
     path = Path(path)
     try:
-        text = path.read_bytes()
-    except OSError as error:
-        raise SigningKeyError(f"{path}: cannot read the public key ({error})") from None
+        text = read_regular(path, "public key PEM", MAX_KEYRING_BYTES)
+    except FileFormatError as error:
+        raise SigningKeyError(str(error)) from None
     blocks = re.findall(rb"-----BEGIN PUBLIC KEY-----.+?-----END PUBLIC KEY-----", text, re.DOTALL)
     if not blocks:
         raise SigningKeyError(f"{path}: holds no PEM public key; `h3gate keygen` writes {PUBLIC_KEY_NAME}")
+    if text.count(b"-----BEGIN") != len(blocks) or text.count(b"-----END") != len(blocks):
+        raise SigningKeyError(f"{path}: holds a PEM block that is not a whole public key (truncated, or another kind "
+                              "of key); a keyring is whole public key PEMs, concatenated")
     keys = []
     for block in blocks:
         try:

@@ -56,19 +56,37 @@ def transformer_folder(root: Path) -> Path | None:
     return None
 
 
+TRANSFORMER_CLASS = "MiniMaxH3Transformer3DModel"  # the ``_class_name`` diffusers writes into its config
+
+
 def not_a_checkpoint(folder: Path) -> str | None:
-    """Why a folder is no MiniMax-H3 checkpoint at first sight (no transformer config), or None; its weights are
-    checked when the model loads."""
-    if transformer_folder(folder) is not None:
-        return None
-    return (f"{folder} is a folder but not a MiniMax-H3 checkpoint: it holds neither transformer/config.json nor "
-            "config.json; pass a checkpoint folder (h3gate checkpoint make writes one)")
+    """Why a folder is no MiniMax-H3 checkpoint at first sight (no transformer config, or the config of another
+    diffusers model, whose fields the gates would miss), or None; its weights are checked when the model loads."""
+    from h3gate.files import FileFormatError, read_json
+
+    found = transformer_folder(folder)
+    if found is None:
+        return (f"{folder} is a folder but not a MiniMax-H3 checkpoint: it holds neither transformer/config.json nor "
+                "config.json; pass a checkpoint folder (h3gate checkpoint make writes one)")
+    config = found / "config.json"
+    try:
+        fields = read_json(config, "transformer config")
+    except FileFormatError as error:
+        return f"{error}: the checkpoint is damaged; copy it again"
+    if fields.get("_class_name") != TRANSFORMER_CLASS:
+        return (f"{folder} is a folder but not a MiniMax-H3 checkpoint: {config} describes a "
+                f"{fields.get('_class_name')!r}, not a {TRANSFORMER_CLASS}; pass a MiniMax-H3 checkpoint folder")
+    layers = fields.get("num_layers")
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
+        return f"{config}: num_layers is {layers!r}, not a count of blocks: the checkpoint is damaged; copy it again"
+    return None
 
 
 def _checkpoint_config(spec: str) -> dict:
     folder = transformer_folder(Path(spec))
-    if folder is None and Path(spec).is_dir():
-        raise ValueError(not_a_checkpoint(Path(spec)))
+    problem = not_a_checkpoint(Path(spec)) if Path(spec).is_dir() else None
+    if problem:
+        raise ValueError(problem)
     if folder is None:
         raise ValueError(f"unknown model {spec!r}: use one of {', '.join(TRANSFORMER_CONFIGS)} or a checkpoint folder")
     path = folder / "config.json"

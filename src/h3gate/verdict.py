@@ -114,3 +114,14 @@ def repeatability(name: str, first: dict, again: dict) -> Check:
     differing = sorted(tap for tap in first if again.get(tap) != first[tap])
     detail = {"reason": f"{len(differing)} taps differ between two identical runs: {differing[:5]}"} if differing else {}
     return Check(name, "determinism", float(len(differing)), 0.0, not differing, detail)
+
+
+def no_deterministic_kernel(name: str, error: BaseException, **detail) -> Check:
+    """The failed determinism check of a candidate that raised ``error`` under torch's deterministic algorithms
+    after running without them: its backend has no deterministic kernel (cuDNN's SDPA; a third-party kernel that
+    calls torch's ``_alert_not_deterministic``), so two runs cannot be held to the same bits."""
+    lines = str(error).strip().splitlines()
+    return Check.failed(name, "determinism", (
+        f"no deterministic kernel: under torch.use_deterministic_algorithms(True) the candidate raised "
+        f"{type(error).__name__}: {lines[0] if lines else ''}; it runs without them. Its runs are compared bitwise "
+        "under torch's deterministic algorithms (README: Repeatability)"), **detail)

@@ -107,7 +107,15 @@ def test_autotune_setting_is_zero_or_one(value, ok):
     if ok:
         assert run.returncode == 0 and run.stdout.strip() == str(value == "1"), run.stderr
     else:
-        assert run.returncode != 0 and "set it to 1" in run.stderr
+        assert run.returncode != 0 and "set it to 0" in run.stderr
+
+
+def test_autotune_is_off_unless_asked():
+    """Out of the box every kernel runs its first tiling: no bits that follow a machine's timings, no tuning runs."""
+    env = {k: v for k, v in os.environ.items() if k != "H3_TRITON_AUTOTUNE"}
+    run = subprocess.run([sys.executable, "-c", "import h3_triton.tuning as t; print(t.AUTOTUNE)"], env=env,
+                         capture_output=True, text=True)
+    assert run.returncode == 0 and run.stdout.strip() == "False", run.stderr
 
 
 def test_kernel_gate_edge_lengths_reach_every_tile_edge():

@@ -54,6 +54,7 @@ SEEDS = ListParam("seeds", "seed", "seed", int)  # checked against the item's co
 BLOCKS = ListParam("blocks", "block", "block", int, "layers")  # also "all": every block of the model
 OPS = ListParam("ops", "op", "", str, "module")
 DTYPES = ListParam("dtypes", "dtype", "", str, "module")
+MEASURED = ListParam("gates", "measured", "", str, "module")  # the power gate: one item per gate it measures
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,10 @@ class Gate:
         for the blocks; ``blocks="all"`` is all of them), or None where any value of its type is taken."""
         if param.choices == "layers":
             return tuple(range(config()["num_layers"]))
-        return tuple(self.module.LIST_CHOICES[param.marker]) if param.choices == "module" else None
+        if param.choices != "module":
+            return None
+        choices = self.module.LIST_CHOICES[param.marker]
+        return tuple(choices() if callable(choices) else choices)
 
 
 REGISTRY: dict[str, Gate] = {}
@@ -101,7 +105,7 @@ register(Gate("block", (BLOCKS,)))
 register(Gate("model"))
 register(Gate("generation", (SEEDS,), requires="model"))
 register(Gate("threshold", measured_by_test=True))
-register(Gate("power", module_name="h3gate.power", frozen_nothing="the power measurement freezes nothing: it uses the bounds the other gates froze"))
+register(Gate("power", (MEASURED,), module_name="h3gate.power", frozen_nothing="the power measurement freezes nothing: it uses the bounds the other gates froze"))
 
 
 def kinds() -> tuple[str, ...]:
@@ -150,6 +154,7 @@ class GateRun:
     diagnostics: bool = True  # block gate: attribution, self-consistency and the ULP sweep
     verify_last_step: bool = False
     required_override: str | None = None  # run without the required gate's pass; the reason is recorded
+    repeat: bool = True  # model gate: two candidate runs compared bitwise (off: a variant with no deterministic kernel)
     progress: Callable = no_progress  # progress(total or None) -> context manager with .step(phase)
     stream: Any = None  # a text stream for bars the engine draws itself (tqdm), or None
     _model: Any = field(default=None, repr=False)

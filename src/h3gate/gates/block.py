@@ -43,7 +43,7 @@ from h3gate.gates.model import contract_of, frozen_for_contract, inventory_check
 from h3gate.measure import timed
 from h3gate.model import Model
 from h3gate.taps import TapStore
-from h3gate.verdict import Check, GateResult, repeatability
+from h3gate.verdict import Check, GateResult, no_deterministic_kernel, repeatability
 
 GATE = "block"
 CAPTURE_SUFFIX = "-capture.safetensors"
@@ -390,9 +390,8 @@ def _check(model, candidate, frozen, device, block, out_dir, progress, diagnosti
     attribution = {}
     if diagnostics:
         progress(f"candidate {candidate.name} twice")
-        with timed(timings, "repeat"), numerics.deterministic():  # torch's own ops too, as the kernel gate runs them
-            twice = [_errors(candidate_replay(model, block, inputs, device, candidate), golden) for _ in range(2)]
-            checks.append(repeatability("candidate[replayed twice]", *twice))
+        with timed(timings, "repeat"):
+            checks.append(replayed_twice(model, block, inputs, device, candidate, golden))
         with timed(timings, "consistency"):
             checks += self_consistency(model, block, inputs, device, candidate)
         if all(check.passed for check in checks):
@@ -415,6 +414,21 @@ def _check(model, candidate, frozen, device, block, out_dir, progress, diagnosti
         metrics={"candidate": candidate_errors, "provider": provider_errors, "attribution": attribution, "ulp": ulp},
         timings=timings,
     ), counts)
+
+
+def replayed_twice(model, block, inputs, device, candidate, golden) -> Check:
+    """Two replays under torch's deterministic algorithms (torch's own ops too, as the kernel gate runs them) must
+    give bitwise the same errors. The candidate's first replay ran without them, so an error raised here alone means
+    a backend with no deterministic kernel: a failed check naming it."""
+    name = "candidate[replayed twice]"
+    try:
+        with numerics.deterministic():
+            twice = [_errors(candidate_replay(model, block, inputs, device, candidate), golden) for _ in range(2)]
+    except torch.OutOfMemoryError:
+        raise
+    except RuntimeError as error:
+        return no_deterministic_kernel(name, error)
+    return repeatability(name, *twice)
 
 
 def self_consistency(model, block, inputs, device, candidate) -> list[Check]:

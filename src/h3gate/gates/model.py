@@ -20,12 +20,12 @@ from pathlib import Path
 
 from h3gate import bounds as bounds_mod
 from h3gate import coverage, numerics
-from h3gate.candidates import Candidate
+from h3gate.candidates import Candidate, CandidateError
 from h3gate.contract import ModelContract, load_model_contract, model_inputs
 from h3gate.files import sha256_file
 from h3gate.model import Model
 from h3gate.streaming import stream_errors
-from h3gate.verdict import Check, GateResult, repeatability
+from h3gate.verdict import Check, GateResult, no_deterministic_kernel, repeatability
 
 GATE = "model"
 
@@ -77,6 +77,7 @@ def freeze(
 
 
 AGAIN = "candidate[again]"
+REPEATED = "candidate[run twice]"
 
 
 def check(
@@ -86,21 +87,45 @@ def check(
     frozen: bounds_mod.Bounds,
     device: str,
     progress=lambda message: None,
+    repeat: bool = True,
 ) -> GateResult:
     """Qualify ``candidate`` against frozen bounds: it and the provider streamed in lockstep with golden; the
-    candidate runs twice, and its two runs must agree bitwise. Coverage counts the calls of both candidate runs."""
+    candidate runs twice, and its two runs must agree bitwise. Coverage counts the calls of both candidate runs.
+
+    The two runs are made under torch's deterministic algorithms. A candidate that fails there but runs without them
+    has a backend with no deterministic kernel (cuDNN's SDPA, or a third-party kernel that calls torch's
+    ``_alert_not_deterministic``): its numerics are still judged, from a run without them, and the determinism check
+    fails naming the reason. ``repeat=False`` (a provider variant that has no deterministic kernel, calibration
+    rather than a candidate: the power gate) judges the numerics of one run alone."""
     inputs, upstream = model_inputs(contract, model.config)
     phase_timings: dict[str, float] = {}
-    # The candidate twice, both under torch's deterministic algorithms, for the repeatability check: one more
-    # candidate run in the same stream, golden's and the provider's computed once.
-    runs = {"provider": (numerics.PROVIDER, None), "candidate": (numerics.PROVIDER, candidate),
-            AGAIN: (numerics.PROVIDER, candidate)}
-    with coverage.counting(candidate) as counts:
-        streamed = stream_errors(model, device, numerics.GOLDEN, runs, inputs, upstream, progress=progress,
-                                 timings=phase_timings, deterministic=("candidate", AGAIN))
+
+    def streamed_runs(twice: bool) -> tuple[dict, dict]:
+        runs = {"provider": (numerics.PROVIDER, None), "candidate": (numerics.PROVIDER, candidate)}
+        if twice:  # one more candidate run in the same stream: golden's and the provider's are computed once
+            runs[AGAIN] = (numerics.PROVIDER, candidate)
+        with coverage.counting(candidate) as counts:
+            streamed = stream_errors(model, device, numerics.GOLDEN, runs, inputs, upstream, progress=progress,
+                                     timings=phase_timings, deterministic=(("candidate", AGAIN) if twice else ()))
+        return streamed, counts
+
+    repeated = None
+    try:
+        streamed, counts = streamed_runs(twice=repeat)
+        if repeat:
+            repeated = repeatability(REPEATED, streamed["candidate"], streamed[AGAIN])
+    except CandidateError as strict:
+        if not repeat:
+            raise
+        try:
+            streamed, counts = streamed_runs(twice=False)
+        except CandidateError:
+            raise strict from None
+        repeated = no_deterministic_kernel(REPEATED, strict.__cause__ or strict)
     candidate_errors, provider_errors = streamed["candidate"], streamed["provider"]
     checks = inventory_checks(set(candidate_errors), set(frozen.bounds))
-    checks.append(repeatability("candidate[run twice]", candidate_errors, streamed[AGAIN]))
+    if repeated is not None:
+        checks.append(repeated)
     for tap, metrics in candidate_errors.items():
         if tap not in frozen.bounds:
             continue
@@ -110,18 +135,21 @@ def check(
                 Check.failed(tap, "zero_gradient", "exactly zero where golden's is not", **detail)
             )
         checks.append(Check(tap, "relative_l2", metrics["relative_l2"], frozen.bounds[tap], metrics["relative_l2"] <= frozen.bounds[tap], detail))
+    context = {
+        "bounds_file": str(frozen.path),
+        "bounds_sha256": sha256_file(frozen.path) if frozen.path else "",
+        "model_identity": model.identity,
+        "candidate": candidate.identity(),
+        "device_class": frozen.device_class,
+        "non_discriminating": frozen.non_discriminating,
+    }
+    if not repeat:
+        context["repeatability"] = "not run: a provider variant with no deterministic kernel, judged by its numerics"
     return coverage.judged(GateResult(
         gate=GATE,
         params={},
         checks=checks,
-        context={
-            "bounds_file": str(frozen.path),
-            "bounds_sha256": sha256_file(frozen.path) if frozen.path else "",
-            "model_identity": model.identity,
-            "candidate": candidate.identity(),
-            "device_class": frozen.device_class,
-            "non_discriminating": frozen.non_discriminating,
-        },
+        context=context,
         metrics={"candidate": candidate_errors, "provider": provider_errors},
         timings=_phase_seconds(phase_timings),
     ), counts)
@@ -176,4 +204,5 @@ def freeze_item(run) -> bounds_mod.Bounds:
 
 def check_item(run, frozen: bounds_mod.Bounds) -> GateResult:
     with run.progress(phases(run.model)) as bar:
-        return check(run.model, run.candidate, contract_of(run)[1], frozen, run.device, progress=bar.step)
+        return check(run.model, run.candidate, contract_of(run)[1], frozen, run.device, progress=bar.step,
+                     repeat=run.repeat)
