@@ -514,14 +514,18 @@ def residual_y_read_with_residual_strides(gated_residual):
 
 def output_reused(op):
     """An output written into one buffer per shape, allocated on the first call and handed back on every later one
-    (an allocation saved): a caller keeping the previous call's result finds it overwritten."""
+    (an allocation saved): a caller keeping the previous call's result finds it overwritten. The buffer is an ordinary
+    tensor even when the first call is under ``torch.inference_mode()``, as a kernel's own allocation is: an inference
+    tensor keeps no version counter, and the mutant would raise instead of reusing it."""
     buffers = {}
 
     def broken(*args, **kwargs):
         out = op(*args, **kwargs)
         key = (tuple(out.shape), out.dtype, out.device)
-        buffer = buffers.setdefault(key, torch.empty(out.shape, dtype=out.dtype, device=out.device))
-        return _WrittenInto.apply(out, buffer)
+        if key not in buffers:
+            with torch.inference_mode(False):
+                buffers[key] = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        return _WrittenInto.apply(out, buffers[key])
 
     return broken
 
