@@ -47,6 +47,19 @@ def test_interpreter_examples_keep_the_release_widths_heads_and_lengths(shipped)
     assert [(e["rows"], e["k"], e["n"]) for e in long] == [(38733, 24, 24), (24, 14336, 24), (24, 24, 28672)]
 
 
+def test_each_path_class_of_the_release_model_runs_once(shipped):
+    release = op_calls.model_calls("release", THRESHOLDS)
+    for spec in kernel_gate.OP_SPECS.values():
+        shaped = kernel_gate.model_examples(spec, shipped, "bfloat16", narrow=True)
+        classes = [kernel_gate.path_class(d) for d in (*spec.examples, *shaped)]
+        assert len(classes) == len(set(classes)), spec.op.name
+        # The release's own calls; its inference-mode example repeats a no-grad call of its own, which need not be the
+        # first of tiny's and the release's together.
+        wanted = {kernel_gate.path_class(d) for d in kernel_gate.model_examples(spec, release, "bfloat16", narrow=True)
+                  if d["mode"] != op_calls.INFERENCE}
+        assert wanted <= set(classes), (spec.op.name, wanted - set(classes))
+
+
 # Each new mutant, and the example that alone catches it on the CPU (a substring of the failing checks' names) or
 # the check kind that does.
 TRIGGERS = {

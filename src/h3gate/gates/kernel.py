@@ -172,21 +172,41 @@ def _call_dtype(call: op_calls.Call) -> str:
     return (args.get("weight") or call.args[0][1]).dtype
 
 
+# Dims that select no code path: the free row count the interpreter shrinks (its partial last tile is the edge
+# examples' business), how many AdaLN table rows the rows pick from, and the inputs' magnitudes.
+FREE = ("rows", "table_rows", "magnitude", "peak")
+
+
+def path_class(dims: dict) -> tuple:
+    """The code paths an example selects: its dims but the :data:`FREE` ones, with autograd where it names no mode."""
+    return tuple(sorted((k, v) for k, v in {"mode": op_calls.AUTOGRAD, **dims}.items() if k not in FREE))
+
+
 def model_examples(spec: "OpSpec", calls, dtype_name: str, narrow: bool) -> list[dict]:
-    """One example per distinct call of ``spec``'s op at ``dtype_name`` among a model's ``calls``, with its grad mode and
-    the inputs that need gradients; ``narrow`` (the interpreter) narrows the dims of ``spec.narrow``. The first
-    call without autograd is also made under ``torch.inference_mode()``, as callers outside the pipeline make it."""
+    """One example per path class (:func:`path_class`) of ``spec``'s op's calls at ``dtype_name`` among a model's
+    ``calls`` that ``spec``'s own examples do not run, with its grad mode and, where the call differs from the op's
+    default there, the inputs that need gradients; ``narrow`` (the interpreter) narrows the dims of ``spec.narrow``.
+    The first call without autograd is also made under ``torch.inference_mode()``, as callers outside the pipeline
+    make it. A path class runs once: the tiny and the release model share most, and every repeat of a 56-head or
+    5,376-wide example cost seconds under the interpreter."""
     out = []
     for call in calls:
         if call.op != spec.op.name or _call_dtype(call) != dtype_name:
             continue
-        dims = spec.from_call(call)
+        dims = {**spec.from_call(call), "mode": call.mode}
         if narrow:
             dims.update({name: narrowed(dims[name], tile, past) for name, tile, past in spec.narrow})
-        grads = tuple(name for name, arg in call.args if arg is not None and arg.grad)
-        out.append({**dims, "mode": call.mode, "grads": grads if call.mode == op_calls.AUTOGRAD else ()})
+        needs = [name for name, arg in call.args if arg is not None and arg.grad]
+        if call.mode == op_calls.AUTOGRAD and needs != spec.build(dims, torch.float32, torch.Generator())["grads"]:
+            dims["grads"] = tuple(needs)
+        out.append(dims)
     out += [{**d, "mode": op_calls.INFERENCE} for d in out if d["mode"] == op_calls.NO_GRAD][:1]
-    return [dict(items) for items in dict.fromkeys(tuple(d.items()) for d in out)]
+    seen, kept = {path_class(d) for d in spec.examples}, []
+    for dims in out:
+        if path_class(dims) not in seen:
+            seen.add(path_class(dims))
+            kept.append(dims)
+    return kept
 
 
 def _table_rows(d, g):
