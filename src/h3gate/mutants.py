@@ -389,6 +389,147 @@ def single_key_returns_v(attention):
     return broken
 
 
+# Triggers only the shipped model reaches: rows past 2,048, more than two heads, long reductions, logits past 88,
+# calls without autograd, inputs of different strides, a second call.
+
+WIDE_ROW = 2048  # the widest row a chunked row kernel holds in one chunk
+EXP_OVERFLOW = 88.72  # float32 exp overflows past this
+
+
+def norm_wide_padded_mean(rms_norm_modulate):
+    """RMSNorm of rows wider than 2,048 (read in chunks) whose mean square divides by the padded power-of-two width
+    instead of the row's: right at every power-of-two width and every row of one chunk."""
+
+    def broken(x, weight, eps, scale=None, shift=None, idx=None):
+        width = x.shape[-1]
+        padded = 1 << (width - 1).bit_length()
+        if width <= WIDE_ROW or padded == width:
+            return rms_norm_modulate(x, weight, eps, scale, shift, idx)
+        a = (width / padded) ** 0.5  # rms(a x) / a = x / sqrt(sum(x^2) / padded + eps)
+        return rms_norm_modulate(x * a, weight / a, eps, scale, shift, idx)
+
+    return broken
+
+
+def residual_wide_chunk_gate(gated_residual):
+    """A gated residual over rows wider than 2,048 (in chunks) reading the gate at the chunk's own column (c mod
+    2,048) instead of the row's."""
+
+    def broken(residual, y, gate=None, idx=None):
+        if gate is not None and gate.shape[-1] > WIDE_ROW:
+            gate = gate.index_select(1, torch.arange(gate.shape[-1], device=gate.device) % WIDE_ROW)
+        return gated_residual(residual, y, gate, idx)
+
+    return broken
+
+
+def kv_heads_modulo_two(attention):
+    """Attention reading key and value head h % 2 for query head h: a grouped-query kernel's key/value head count
+    left at 2. Right at one and two heads."""
+
+    def broken(q, k, v):
+        heads = torch.arange(q.shape[2], device=q.device) % 2
+        if q.shape[2] <= 2:
+            return attention(q, k, v)
+        return attention(q, k.index_select(2, heads), v.index_select(2, heads))
+
+    return broken
+
+
+def qk_norm_heads_tile_two(qk_norm_rope):
+    """QK-norm + RoPE whose heads tile is fixed at 2: heads past the second are never stored (zeros)."""
+
+    def broken(x, weight, eps, cos=None, sin=None):
+        out = qk_norm_rope(x, weight, eps, cos, sin)
+        return torch.cat([out[:, :, :2], torch.zeros_like(out[:, :, 2:])], dim=2)
+
+    return broken
+
+
+def softmax_without_max(attention):
+    """Attention exponentiating scores before subtracting the row max: a row whose largest scaled logit passes 88.7
+    overflows float32 (inf / inf = NaN). QK-norm keeps a toy's logits far below that."""
+
+    def broken(q, k, v):
+        scores = torch.einsum("bshd,bthd->bsht", q.float(), k.float()) * q.shape[-1] ** -0.5
+        overflow = (scores.amax(-1, keepdim=True) > EXP_OVERFLOW).to(q.device)
+        out = attention(q, k, v)
+        return torch.where(overflow, torch.full_like(out, float("nan")), out)
+
+    return broken
+
+
+def norm_unmodulated_without_autograd(rms_norm_modulate):
+    """RMSNorm + AdaLN whose forward-only launch (taken without autograd, at every generation step) leaves out the
+    modulation tables."""
+
+    def broken(x, weight, eps, scale=None, shift=None, idx=None):
+        if not torch.is_grad_enabled():
+            scale = shift = idx = None
+        return rms_norm_modulate(x, weight, eps, scale, shift, idx)
+
+    return broken
+
+
+def residual_in_place_without_autograd(gated_residual):
+    """A gated residual that, without autograd (where no backward needs the residual), adds into the residual in
+    place and returns it: the caller's residual is overwritten at every generation step."""
+
+    def broken(residual, y, gate=None, idx=None):
+        out = gated_residual(residual, y, gate, idx)
+        if torch.is_grad_enabled():
+            return out
+        return residual.copy_(out)
+
+    return broken
+
+
+def _with_strides_of(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``t``'s memory read with ``like``'s strides, as a kernel passed the wrong tensor's strides reads it (only
+    where those stay inside ``t``'s storage; elsewhere ``t``)."""
+    if t.stride() == like.stride():
+        return t
+    end = t.storage_offset() + sum((n - 1) * s for n, s in zip(t.shape, like.stride())) + 1
+    return t.as_strided(t.shape, like.stride()) if end * t.element_size() <= t.untyped_storage().nbytes() else t
+
+
+def kv_read_with_q_strides(attention):
+    """Attention addressing k and v with q's strides (one stride set passed for all three): right whenever the three
+    share a layout, as every call of the model does; not for slices of a fused QKV buffer."""
+
+    def broken(q, k, v):
+        return attention(q, _with_strides_of(k, q), _with_strides_of(v, q))
+
+    return broken
+
+
+def residual_y_read_with_residual_strides(gated_residual):
+    """A gated residual addressing the branch ``y`` with the residual's strides."""
+
+    def broken(residual, y, gate=None, idx=None):
+        return gated_residual(residual, _with_strides_of(y, residual), gate, idx)
+
+    return broken
+
+
+def output_reused(op):
+    """An output written into one buffer per shape, allocated on the first call and handed back on every later one
+    (an allocation saved): a caller keeping the previous call's result finds it overwritten. The buffer is an ordinary
+    tensor even when the first call is under ``torch.inference_mode()``, as a kernel's own allocation is: an inference
+    tensor keeps no version counter, and the mutant would raise instead of reusing it."""
+    buffers = {}
+
+    def broken(*args, **kwargs):
+        out = op(*args, **kwargs)
+        key = (tuple(out.shape), out.dtype, out.device)
+        if key not in buffers:
+            with torch.inference_mode(False):
+                buffers[key] = torch.empty(out.shape, dtype=out.dtype, device=out.device)
+        return _WrittenInto.apply(out, buffers[key])
+
+    return broken
+
+
 MUTANTS = {
     m.name: m
     for m in (
@@ -432,6 +573,20 @@ MUTANTS = {
         Mutant("residual-in-place", "gated_residual", ("kernel",), residual_in_place),
         Mutant("rms-output-float32", "rms_norm_modulate", ("kernel",), output_float32),
         Mutant("single-key-returns-v", "attention", ("kernel",), single_key_returns_v),
+        # Triggers only the shipped model's calls reach; the kernel gate's model-shaped, long-reduction, layout and
+        # range examples do on the CPU.
+        Mutant("norm-wide-padded-mean", "rms_norm_modulate", ("kernel",), norm_wide_padded_mean),
+        Mutant("residual-wide-chunk-gate", "gated_residual", ("kernel",), residual_wide_chunk_gate),
+        Mutant("kv-heads-modulo-two", "attention", ("kernel",), kv_heads_modulo_two),
+        Mutant("qk-norm-heads-tile-two", "qk_norm_rope", ("kernel",), qk_norm_heads_tile_two),
+        Mutant("softmax-without-max", "attention", ("kernel",), softmax_without_max),
+        Mutant("norm-unmodulated-without-autograd", "rms_norm_modulate", ("kernel",),
+               norm_unmodulated_without_autograd),
+        Mutant("residual-in-place-without-autograd", "gated_residual", ("kernel",), residual_in_place_without_autograd),
+        Mutant("kv-read-with-q-strides", "attention", ("kernel",), kv_read_with_q_strides),
+        Mutant("residual-y-read-with-residual-strides", "gated_residual", ("kernel",),
+               residual_y_read_with_residual_strides),
+        Mutant("swiglu-output-reused", "swiglu", ("kernel",), output_reused),
     )
 }
 

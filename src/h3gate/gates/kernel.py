@@ -30,8 +30,9 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from h3gate import numerics, op_contract, op_registry
+from h3gate import numerics, op_calls, op_contract, op_registry
 from h3gate.compare import bias, max_abs, relative_l2
+from h3gate.presets import RELEASE
 from h3gate.verdict import Check, GateResult, no_deterministic_kernel
 
 GATE = "kernel"
@@ -47,6 +48,14 @@ BIAS_SIGMAS = 5.0
 # The float32 items keep every other check, and the power gate requires each to reject a mutant of its op.
 FLOAT32_EPS = torch.finfo(torch.float32).eps
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+# Range tier: large diffusion transformers carry a few activation channels 1e3-1e4 x the median ("massive
+# activations"); the ``outliers`` examples scale the first input's second and last channels by these.
+OUTLIERS = (1e3, 1e4)
+# The largest Q/K RMSNorm weight of the embedded presets (1.5 to 3): an ``aligned`` attention example sends queries
+# normalised and scaled by it against keys equal to them, logits of 3**2 x sqrt(head_dim), 102 at head_dim 128:
+# past float32's exp overflow at 88.7, as the QK-norm weights allow.
+QK_NORM_WEIGHT = 3.0
+INDEPENDENT = "independent"  # a ``layout`` where every input is a view of its own, with strides of its own
 
 
 @dataclass(frozen=True)
@@ -73,11 +82,20 @@ class OpSpec:
     op: op_registry.Op
     dims: Callable[[Limits], st.SearchStrategy]
     build: Callable[[dict, torch.dtype, torch.Generator], dict]  # -> {"args": [...], "grads": [arg names]}
+    from_call: Callable[[op_calls.Call], dict]  # the op's dims of a model's call (:mod:`h3gate.op_calls`)
     # Shapes every search runs first, whatever it draws: the MiniMax-H3 block's own layout at a ragged length.
     examples: tuple[dict, ...] = ()
     # Dims that :func:`edge_examples` sets to tile-edge lengths, and those it sets to a long reduction.
     edges: tuple[str, ...] = ()
     long: tuple[str, ...] = ()
+    # The dims of a model's call the interpreter narrows, (dim, tile, thresholds) each (:func:`narrowed`); every
+    # other dim of a model's call is kept whole on the CPU too.
+    narrow: tuple[tuple[str, int, tuple[int, ...]], ...] = (("rows", 16, ()),)
+    # Dims along which the op or one of its gradients reduces, each with the values of the other dims that keep an
+    # example at the model's longest such length cheap on the CPU (:func:`long_examples`).
+    reduces: tuple[tuple[str, dict], ...] = ()
+    # The range tier's own examples beyond :func:`tier_examples`' (attention's logits past 88).
+    tiers: tuple[dict, ...] = ()
 
 
 def _normal(shape, generator, scale=1.0):
@@ -111,6 +129,84 @@ def edge_examples(spec: "OpSpec", limits: Limits) -> list[dict]:
     out = [{**base, **{k: lengths[k][i] for k in spec.edges}} for i in range(3)]
     long = [{**base, **dict.fromkeys(spec.long, limits.long_reduction)}] if limits.long_reduction and spec.long else []
     return out + long
+
+
+def narrowed(length: int, tile: int, past: tuple[int, ...] = ()) -> int:
+    """``length`` as the interpreter runs it: the shortest length past ``tile`` and past every threshold of ``past``
+    that ``length`` passes, with ``length``'s residue modulo ``tile`` (the same partial last tile and alignment);
+    lengths up to two tiles stay whole."""
+    if length <= 2 * tile:
+        return length
+    floor = max([tile] + [t for t in past if t < length])
+    return floor + 1 + (length - floor - 1) % tile
+
+
+FEW = 24  # the short dims of a long-reduction example: past a 16-row skinny tile, rows of 48 bytes (16-byte aligned)
+
+
+def tier_examples(spec: "OpSpec") -> list[dict]:
+    """The op's first example with every input a view of its own strides (q, k and v as a caller outside the model
+    passes them), with outlier activations (but attention, whose range is its logits), and ``spec.tiers``."""
+    first = spec.examples[0]
+    outliers = [] if spec.op.name == "attention" else [{**first, "outliers": True}]
+    return [{**first, "layout": INDEPENDENT}, *outliers, *spec.tiers]
+
+
+def long_examples(spec: "OpSpec", calls, dtype_name: str) -> list[dict]:
+    """For every dim of ``spec.reduces``, the model call reaching the longest length there, at that length and with
+    the other dims short: the release model's weight gradients sum 38,733 rows, its AdaLN input gradient 96,768
+    products, where accumulation errors show that no short reduction reveals."""
+    shaped = [spec.from_call(c) for c in calls
+              if c.op == spec.op.name and c.mode == op_calls.AUTOGRAD and _call_dtype(c) == dtype_name]
+    out = []
+    for dim, short in spec.reduces if shaped else ():
+        longest = max(shaped, key=lambda d: d[dim])
+        out.append({**longest, **short, "mode": op_calls.AUTOGRAD})
+    return out
+
+
+def _call_dtype(call: op_calls.Call) -> str:
+    """The precision a call computes at: its weight's where it has one (silu_linear's temb is float32), else its
+    first input's."""
+    args = dict(call.args)
+    return (args.get("weight") or call.args[0][1]).dtype
+
+
+# Dims that select no code path: the free row count the interpreter shrinks (its partial last tile is the edge
+# examples' business), how many AdaLN table rows the rows pick from, and the inputs' magnitudes.
+FREE = ("rows", "table_rows", "magnitude", "peak")
+
+
+def path_class(dims: dict) -> tuple:
+    """The code paths an example selects: its dims but the :data:`FREE` ones, with autograd where it names no mode."""
+    return tuple(sorted((k, v) for k, v in {"mode": op_calls.AUTOGRAD, **dims}.items() if k not in FREE))
+
+
+def model_examples(spec: "OpSpec", calls, dtype_name: str, narrow: bool) -> list[dict]:
+    """One example per path class (:func:`path_class`) of ``spec``'s op's calls at ``dtype_name`` among a model's
+    ``calls`` that ``spec``'s own examples do not run, with its grad mode and, where the call differs from the op's
+    default there, the inputs that need gradients; ``narrow`` (the interpreter) narrows the dims of ``spec.narrow``.
+    The first call without autograd is also made under ``torch.inference_mode()``, as callers outside the pipeline
+    make it. A path class runs once: the tiny and the release model share most, and every repeat of a 56-head or
+    5,376-wide example cost seconds under the interpreter."""
+    out = []
+    for call in calls:
+        if call.op != spec.op.name or _call_dtype(call) != dtype_name:
+            continue
+        dims = {**spec.from_call(call), "mode": call.mode}
+        if narrow:
+            dims.update({name: narrowed(dims[name], tile, past) for name, tile, past in spec.narrow})
+        needs = [name for name, arg in call.args if arg is not None and arg.grad]
+        if call.mode == op_calls.AUTOGRAD and needs != spec.build(dims, torch.float32, torch.Generator())["grads"]:
+            dims["grads"] = tuple(needs)
+        out.append(dims)
+    out += [{**d, "mode": op_calls.INFERENCE} for d in out if d["mode"] == op_calls.NO_GRAD][:1]
+    seen, kept = {path_class(d) for d in spec.examples}, []
+    for dims in out:
+        if path_class(dims) not in seen:
+            seen.add(path_class(dims))
+            kept.append(dims)
+    return kept
 
 
 def _table_rows(d, g):
@@ -240,6 +336,10 @@ def _attention_build(d, dtype, g):
     shape = (d["batch"], d["rows"], d["heads"], d["head_dim"])
     # Peaky attention (as after the trained model's Q/K norms), so that a dropped or misweighted key shows.
     args = {"q": _normal(shape, g, d["peak"]), "k": _normal(shape, g, d["peak"]), "v": _normal(shape, g)}
+    if d.get("aligned"):
+        q = args["q"]
+        args["q"] = QK_NORM_WEIGHT * q / q.pow(2).mean(-1, keepdim=True).sqrt()
+        args["k"] = args["q"].clone()
     return {"args": args, "grads": ["q", "k", "v"], "dtypes": {}}
 
 
@@ -262,6 +362,58 @@ def _residual_build(d, dtype, g):
     return {"args": args, "grads": ["residual", "y"] + (["gate"] if d["modulated"] else []), "dtypes": {}}
 
 
+# A model's calls as the ops' dims ------------------------------------------------------------------------
+
+
+def _batch_rows(arg: op_calls.Arg) -> dict:
+    return {"batch": arg.shape[0], "rows": arg.shape[1]}
+
+
+def _table_of(call: op_calls.Call, name: str) -> dict:
+    table = call.arg(name)
+    return {"table_rows": table.shape[0] if table else 1, "modulated": table is not None}
+
+
+def _linear_call(call):
+    x, weight = call.arg("x"), call.arg("weight")
+    rows = 1
+    for size in x.shape[:-1]:
+        rows *= size
+    return {"rows": rows, "k": weight.shape[1], "n": weight.shape[0], "bias": call.arg("bias") is not None,
+            "batched": len(x.shape) == 3}
+
+
+def _silu_linear_call(call):
+    temb, weight = call.arg("temb"), call.arg("weight")
+    return {"t": temb.shape[0], "e": weight.shape[1], "n": weight.shape[0]}
+
+
+def _rms_call(call):
+    x = call.arg("x")
+    return {**_batch_rows(x), "c": x.shape[-1], "magnitude": 1.0, **_table_of(call, "scale")}
+
+
+def _rope_call(call):
+    x, cos = call.arg("x"), call.arg("cos")
+    return {**_batch_rows(x), "heads": x.shape[2], "head_dim": x.shape[3], "freq": cos.shape[1] // 6 if cos else 1,
+            "rope": cos is not None, "magnitude": 1.0}
+
+
+def _attention_call(call):
+    q = call.arg("q")
+    return {**_batch_rows(q), "heads": q.shape[2], "head_dim": q.shape[3], "peak": 2.0}
+
+
+def _swiglu_call(call):
+    h = call.arg("h")
+    return {**_batch_rows(h), "f": h.shape[-1] // 2}
+
+
+def _residual_call(call):
+    x = call.arg("residual")
+    return {**_batch_rows(x), "c": x.shape[-1], "magnitude": 1.0, **_table_of(call, "gate")}
+
+
 _DRAWS = {
     "linear": dict(
         dims=_linear_dims, build=_linear_build,
@@ -269,18 +421,27 @@ _DRAWS = {
         examples=({"rows": 467, "k": 192, "n": 96, "bias": False, "batched": True},
                   {"rows": 33, "k": 2048, "n": 48, "bias": True, "batched": False}),
         edges=("rows", "k", "n"), long=("rows", "k"),  # the weight gradient reduces over the rows
+        reduces=(("rows", {"k": FEW, "n": FEW}), ("k", {"rows": FEW, "n": FEW}), ("n", {"rows": FEW, "k": FEW})),
+        # K and N select no path of their own past 64 (the K step) but through their residue (partial tiles, 16-byte
+        # rows); the long-reduction examples keep the model's lengths.
+        from_call=_linear_call, narrow=(("rows", 16, ()), ("k", 64, ()), ("n", 64, ())),
     ),
+    # The input gradient reduces over N: past two chunks of 4,096 it is split K, so N stays past 8,192.
     "silu_linear": dict(dims=_silu_linear_dims, build=_silu_linear_build, examples=({"t": 3, "e": 32, "n": 1152},),
-                        edges=("e",), long=("e",)),
+                        edges=("e",), long=("e",), from_call=_silu_linear_call,
+                        reduces=(("n", {"e": FEW}), ("e", {"n": FEW})),
+                        narrow=(("e", 64, ()), ("n", 64, (8192,)))),
     "rms_norm_modulate": dict(
         dims=_table_dims, build=_rms_build,
         examples=({"rows": 467, "c": 64, "table_rows": 6, "batch": 1, "modulated": True, "magnitude": 3.0},),
-        edges=("rows", "c"),
+        edges=("rows", "c"), from_call=_rms_call, reduces=(("rows", {"c": FEW}),),
     ),
     "qk_norm_rope": dict(
         dims=_rope_dims, build=_rope_build,
         examples=({"rows": 467, "heads": 2, "head_dim": 32, "freq": 4, "rope": True, "batch": 1, "magnitude": 2.0},),
-        edges=("rows",),
+        edges=("rows",), from_call=_rope_call,  # heads x head_dim is its tile: kept whole
+        # The weight gradient sums rows x heads; the model's rows alone (56 heads would hold 17 M elements).
+        reduces=(("rows", {"heads": 1, "head_dim": 8, "freq": 1}),),
     ),
     # The second example is the release head_dim, at which h3_triton's Hopper forward runs: two batches, a
     # partial last key tile and a last query block whose second half is past the sequence.
@@ -289,13 +450,17 @@ _DRAWS = {
         examples=({"rows": 467, "heads": 2, "head_dim": 32, "batch": 1, "peak": 2.0},
                   {"rows": 300, "heads": 3, "head_dim": 128, "batch": 2, "peak": 2.0}),
         edges=("rows",), long=("rows",),
+        # Each (batch, head) is a program of its own: past two heads, more select nothing (56 cost 10 s a run). Its
+        # reductions over the model's 38,733 keys and queries cost S x S: none runs on the CPU.
+        from_call=_attention_call, narrow=(("rows", 16, ()), ("heads", 2, (2,))),
+        tiers=({"rows": 33, "heads": 3, "head_dim": 128, "batch": 1, "peak": 1.0, "aligned": True},),
     ),
     "swiglu": dict(dims=_swiglu_dims, build=_swiglu_build, examples=({"rows": 467, "f": 128, "batch": 1},),
-                   edges=("rows", "f")),
+                   edges=("rows", "f"), from_call=_swiglu_call),
     "gated_residual": dict(
         dims=_table_dims, build=_residual_build,
         examples=({"rows": 467, "c": 64, "table_rows": 6, "batch": 1, "modulated": True, "magnitude": 1.0},),
-        edges=("rows", "c"),
+        edges=("rows", "c"), from_call=_residual_call, reduces=(("rows", {"c": FEW}),),
     ),
 }
 OP_SPECS = {op.name: OpSpec(op, **draws) for op, draws in op_registry.keyed(_DRAWS, "the kernel gate's input draws")}
@@ -305,11 +470,11 @@ OPS = tuple(OP_SPECS)
 # Evaluation -------------------------------------------------------------------------------------------
 
 
-def _carve(tensor: torch.Tensor, device) -> torch.Tensor:
-    """``tensor`` as a strided view into a larger NaN-filled buffer: one extra slot on every axis but the last,
-    16 bytes more on the last, so rows whose length is a multiple of 16 bytes stay 16-byte aligned (the layout
+def _carve(tensor: torch.Tensor, device, extra: int = 0) -> torch.Tensor:
+    """``tensor`` as a strided view into a larger NaN-filled buffer: ``1 + extra`` extra slots on every axis but the
+    last, 16 bytes more on the last, so rows whose length is a multiple of 16 bytes stay 16-byte aligned (the layout
     kernels reading through tensor descriptors require) and the others do not."""
-    pads = [1] * (tensor.dim() - 1) + [max(1, 16 // tensor.element_size())] if tensor.dim() else []
+    pads = [1 + extra] * (tensor.dim() - 1) + [max(1, 16 // tensor.element_size()) * (1 + extra)] if tensor.dim() else []
     buffer = torch.full([s + p for s, p in zip(tensor.shape, pads)], float("nan"), dtype=tensor.dtype, device=device)
     view = buffer[tuple(slice(0, s) for s in tensor.shape)]
     view.copy_(tensor)
@@ -319,11 +484,12 @@ def _carve(tensor: torch.Tensor, device) -> torch.Tensor:
 def _prepared(built: dict, dtype: torch.dtype, device, poison: bool, reference: bool = False) -> dict:
     """The op's arguments at the run's precision; for the reference, the same rounded values held in float64."""
     out = {}
-    for name, value in built["args"].items():
+    independent = built.get("layout") == INDEPENDENT
+    for index, (name, value) in enumerate(built["args"].items()):
         if isinstance(value, torch.Tensor) and value.is_floating_point():
             value = value.to(built["dtypes"].get(name, dtype))
             value = value.double() if reference else value
-            value = _carve(value, device) if poison else value.to(device)
+            value = _carve(value, device, index if independent else 0) if poison else value.to(device)
             value = value.detach().requires_grad_(name in built["grads"])
         elif isinstance(value, torch.Tensor):
             value = value.to(device)
@@ -344,7 +510,13 @@ class _Run:
         return {k: v.cpu() for k, v in self.results.items()}
 
 
+_MODE_CONTEXTS = {op_calls.NO_GRAD: torch.no_grad, op_calls.INFERENCE: torch.inference_mode}
+
+
 def _forward_backward(fn, built, dtype, device, upstream_seed, poison=False, reference=False) -> _Run:
+    """A forward and, with autograd, its backward; without (the built example's ``mode``), the forward alone under
+    the mode's context."""
+    mode = built["mode"]
     args = _prepared(built, dtype, device, poison, reference)
     inputs = {name: value for name, value in args.items() if isinstance(value, torch.Tensor)}
     before = {name: value.detach().clone() for name, value in inputs.items()}
@@ -354,10 +526,13 @@ def _forward_backward(fn, built, dtype, device, upstream_seed, poison=False, ref
         changed.update({name: phase for name, value in inputs.items()
                         if name not in changed and not torch.equal(value.detach(), before[name])})
 
-    out = fn(**args)
+    with _MODE_CONTEXTS.get(mode, contextlib.nullcontext)():
+        out = fn(**args)
     if out is NotImplemented:
         raise Declined()
     note_changes("forward")
+    if mode != op_calls.AUTOGRAD:
+        return _Run({"out": out.detach()}, inputs, changed)
     (out.double() * _upstream(tuple(out.shape), upstream_seed, dtype, str(device))).sum().backward()
     note_changes("backward")
     results = {"out": out.detach()}
@@ -403,6 +578,30 @@ def _contract_checks(label: str, dtype_name: str, candidate: _Run, provider: _Ru
     return checks
 
 
+def _built(spec: OpSpec, dims: dict, dtype: torch.dtype, seed: int) -> dict:
+    """The op's inputs for ``dims``, with the grad mode it is called in and, where ``dims`` names them (a model's
+    call), only the inputs that need gradients there."""
+    built = spec.build(dims, dtype, torch.Generator().manual_seed(seed))
+    mode = dims.get("mode", op_calls.AUTOGRAD)
+    grads = [] if mode != op_calls.AUTOGRAD else [g for g in built["grads"] if g in dims.get("grads", built["grads"])]
+    if dims.get("outliers"):
+        first = next(iter(built["args"].values()))
+        first[..., 1] *= OUTLIERS[0]
+        first[..., -1] *= OUTLIERS[1]
+    return {**built, "mode": mode, "grads": grads, "layout": dims.get("layout")}
+
+
+def _fresh_checks(label: str, dtype_name: str, first: _Run, again: _Run) -> list[Check]:
+    """Every output and gradient of a second call in memory of its own (``output_fresh``): a kernel handing back one
+    buffer on every call overwrites the result its caller kept from the call before."""
+    checks = []
+    for name, got in again.results.items():
+        shared = [earlier for earlier, kept in first.results.items() if op_contract.shares_storage(got, kept)]
+        problem = f"shares storage with the previous call's {', '.join(shared)}" if shared else None
+        checks.append(_verdict(f"{label}.{name}", "output_fresh", problem, {"output": name, "dtype": dtype_name}))
+    return checks
+
+
 @dataclass
 class _TorchSide:
     """What every candidate's check of one example compares with: the inputs, the float64 reference, torch's own run
@@ -432,10 +631,10 @@ def shared_torch_side():
 
 
 def _torch_side(spec: OpSpec, dims: dict, dtype: torch.dtype, device: str, seed: int) -> _TorchSide:
-    key = (spec.op.name, tuple(sorted(dims.items())), dtype, str(device), seed)
+    key = (spec.op.name, repr(sorted(dims.items())), dtype, str(device), seed)  # a model call's dims hold tuples and lists
     if _SHARED is not None and key in _SHARED:
         return _SHARED[key]
-    built = spec.build(dims, dtype, torch.Generator().manual_seed(seed))
+    built = _built(spec, dims, dtype, seed)
     dtype_name = str(dtype).removeprefix("torch.")
     # float64 arithmetic on the very inputs the low-precision runs get (rounded to their dtypes), as
     # flash-attention's tests do: the errors then measure the ops' arithmetic, not the rounding of the inputs
@@ -477,7 +676,7 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
     with numerics.deterministic():
         try:
             candidate = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
-            again = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True).cpu()
+            again = _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
         except Declined:
             candidate = strict = None
         except torch.OutOfMemoryError:
@@ -492,8 +691,8 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
     if candidate is None:
         return [Check(label, DECLINED, 0.0, 0.0, True, {"output": "all", "dtype": dtype_name,
                                                           "reason": "declined (NotImplemented): the provider's op runs"})]
-    checks = _contract_checks(label, dtype_name, candidate, side.torch_low)
-    candidate = candidate.cpu()
+    checks = _contract_checks(label, dtype_name, candidate, side.torch_low) + _fresh_checks(label, dtype_name, candidate, again)
+    candidate, again = candidate.cpu(), again.cpu()
     eps = torch.finfo(dtype).eps
     # The floor's magnitude: the reference's own, or, where the reference is below a few float32 ULP of the op's
     # natural scale (the largest magnitude among all its reference outputs), that natural scale. Such a reference
@@ -557,6 +756,7 @@ def check(
     max_examples: int = 8,
     limits: Limits | None = None,
     shrink: bool = True,
+    calls: tuple = (),
     progress=lambda message: None,
 ) -> GateResult:
     """Search shapes for one op of ``candidate``; the worst check per (dtype, output) is kept, failures shrunk."""
@@ -606,7 +806,10 @@ def check(
                 raise KernelMismatch(bad[0].line())
             keep(checks)
 
-        for explicit in (*spec.examples, *edge_examples(spec, limits)):
+        interpreted = torch.device(device).type != "cuda"
+        shaped = model_examples(spec, calls, dtype_name, narrow=interpreted)
+        shaped += long_examples(spec, calls, dtype_name) if interpreted else []
+        for explicit in (*spec.examples, *edge_examples(spec, limits), *tier_examples(spec), *shaped):
             search = example(dims=explicit, seed=0)(search)
         try:
             search()
@@ -639,6 +842,15 @@ def bounds_file(run) -> None:
     return None  # the rule compares with torch in the same run
 
 
+def shipped_calls(run) -> tuple[op_calls.Call, ...]:
+    """The op calls the kernel gate qualifies: the run's model's, and on the CPU the release model's too (shape-only),
+    so that the interpreter's narrowed examples reach the paths the shipped model's widths, heads and lengths take."""
+    calls = op_calls.model_calls(run.model_name, run.thresholds, lambda: run.model)
+    if torch.device(run.device).type == "cuda" or run.model_name == RELEASE:
+        return calls
+    return calls + op_calls.model_calls(RELEASE, run.thresholds)
+
+
 def check_item(run, _bounds) -> GateResult:
     import dataclasses
 
@@ -652,7 +864,7 @@ def check_item(run, _bounds) -> GateResult:
         raise NotClaimed(reasons[0])
     with run.progress(None) as bar:
         result = check(run.candidate, op, run.device, dtypes=dtypes, max_examples=run.kernel_examples,
-                       shrink=run.kernel_shrink, progress=bar.step)
+                       shrink=run.kernel_shrink, progress=bar.step, calls=shipped_calls(run))
     # The item's own params, whatever dtypes the candidate left out of them, which its evidence names.
     unclaimed = {dtype: reason for dtype, reason in zip(asked, reasons) if reason is not None}
     context = {**result.context, "not_claimed": unclaimed} if unclaimed else result.context
