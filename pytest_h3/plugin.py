@@ -205,8 +205,7 @@ def _gate_order(under_xdist: bool) -> list[str]:
     first, so the many short kernel items fill every worker's end instead of one worker finishing a long item alone
     (longest-processing-time-first scheduling); the gates others wait for (the model gate, which the generation
     gate requires) lead, and a gate that waits comes after the next one that does not: xdist hands each worker its
-    first items in runs of this order, and a worker whose first item waits idles until the verdict (in `make gate`
-    the generation gate's first seed waited 24 s of the tiny session's 230 for the model gate)."""
+    first items in runs of this order, and a worker whose first item waits idles until the verdict."""
     kinds = list(registry.kinds())
     if not under_xdist:
         return kinds
