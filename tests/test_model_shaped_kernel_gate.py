@@ -26,6 +26,14 @@ def test_release_calls_come_shape_only_with_every_grad_mode():
     assert max(c.arg("weight").shape[0] for c in calls if c.op == "silu_linear") == 96768
 
 
+@pytest.mark.parametrize("model", ["tiny", "release"])
+def test_a_repository_without_the_model_s_contract_traces_the_default_one(model, tmp_path):
+    """The kernel gate reads no frozen file: in a repository that froze nothing for the model, its calls come at the
+    contract h3gate contracts would write, which for the embedded models is the one this repository ships."""
+    assert op_calls.model_calls(model, tmp_path) == op_calls.model_calls(model, THRESHOLDS)
+    assert op_calls.model_calls(model, None) == op_calls.model_calls(model, THRESHOLDS)
+
+
 def test_narrowing_keeps_residues_and_thresholds():
     assert kernel_gate.narrowed(38733, 16) == 29 and 29 % 16 == 38733 % 16
     assert kernel_gate.narrowed(96768, 64, (8192,)) == 8256  # still split K: past two chunks of 4,096

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import torch
 
-from h3gate import block_program, op_registry
+from h3gate import op_registry
 from h3gate.contract import ModelContract, load_model_contract, model_inputs
 from h3gate.model import transformer_skeleton
 from h3gate.presets import RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS
-from h3gate.taps import INPUTS_WITH_GRADIENTS
 
 AUTOGRAD = "autograd"  # a forward whose backward runs (the model and block gates, training)
 NO_GRAD = "no_grad"  # a forward under torch.no_grad() (every generation step)
@@ -80,6 +79,11 @@ def trace(config: dict, contract: ModelContract) -> tuple[Call, ...]:
 
 @functools.lru_cache(maxsize=8)
 def _trace(config_json: str, contract: ModelContract) -> tuple[Call, ...]:
+    # Imported here (taps imports the block program): the kernel gate imports this module for its call types, and a
+    # table of the block program out of step with the op registry must fail where it is built, not in that import.
+    from h3gate import block_program
+    from h3gate.taps import INPUTS_WITH_GRADIENTS
+
     config = json.loads(config_json)
     transformer = transformer_skeleton({**config, "num_layers": 1, "num_refiner_layers": min(1, config["num_refiner_layers"])})
     calls: dict[Call, None] = {}
@@ -107,8 +111,18 @@ def model_config(model_name: str, load=None) -> dict:
     return load().config
 
 
-def model_calls(model_name: str, thresholds: Path, load=None) -> tuple[Call, ...]:
-    """The op calls of a model at its contract ``thresholds/<model>/model-contract.json``."""
-    contract = load_model_contract(Path(thresholds) / model_name / "model-contract.json")
-    return trace(model_config(model_name, load), contract)
+def model_calls(model_name: str, thresholds: Path | None, load=None) -> tuple[Call, ...]:
+    """The op calls of a model at its contract ``thresholds/<model>/model-contract.json``, or, where the folder has
+    none (a repository that froze nothing for it: the kernel gate reads no frozen file), at the default contract
+    ``h3gate contracts`` would write for it."""
+    path = Path(thresholds) / model_name / "model-contract.json" if thresholds is not None else None
+    if path is not None and path.is_file():
+        return trace(model_config(model_name, load), load_model_contract(path))
+    from h3gate.contract_defaults import defaults
+
+    spec = model_name if model_name in TRANSFORMER_CONFIGS or model_name == RELEASE else load().source
+    fields = dict(defaults(spec)["model-contract.json"])
+    del fields["schema"]
+    fields["keyframes"] = tuple(fields["keyframes"])
+    return trace(model_config(model_name, load), ModelContract(**fields))
 
