@@ -80,3 +80,4 @@ def test_the_power_gate_runs_a_variant_without_one_once(tiny, monkeypatch, tmp_p
                            variants=["sdpa-math", "threads-1"])
     assert seen == {"variant:sdpa-math": False, "variant:threads-1": True}
     assert report.passed, report.table()
+

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from h3gate import op_registry
-from h3gate.candidates import CandidateError, replace
+from h3gate.candidates import CandidateError, ProviderCandidate, replace
+from h3gate.gates import kernel as kernel_gate
 from h3gate.gates import model as model_gate
 
 
@@ -155,3 +156,16 @@ def test_the_model_gate_fails_a_model_whose_two_runs_differ(tiny, tiny_contract,
     steady = model_gate.check(tiny, replace("steady", {"swiglu": op_registry.swiglu})(), tiny_contract,
                               tiny_model_bounds, "cpu")
     assert steady.passed, steady.report()
+
+
+def test_a_kernel_op_that_breaks_its_caller_gets_a_verdict_naming_the_op():
+    """An output detached from autograd (a kernel's Function that forgot its backward) is the op's verdict, not a
+    RuntimeError of the item."""
+    def attention(q, k, v):
+        return op_registry.attention(q, k, v).detach()
+
+    candidate = ProviderCandidate().with_kernel_ops({"attention": attention})
+    result = kernel_gate.check(candidate, "attention", "cpu", dtypes=("bfloat16",), max_examples=1, shrink=False)
+    assert {c.kind for c in result.failures} == {"error"}
+    assert "the candidate's attention raised RuntimeError: element 0 of tensors does not require grad" in \
+        result.summary() and "detached from autograd" in result.summary()

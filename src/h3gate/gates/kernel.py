@@ -681,12 +681,17 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
             candidate = strict = None
         except torch.OutOfMemoryError:
             raise
-        except RuntimeError as error:
+        except Exception as error:
             strict = error
         else:
             strict = None
     if strict is not None:
-        _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)  # it runs without them, or raises
+        try:
+            _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
+        except torch.OutOfMemoryError:
+            raise
+        except Exception as error:  # the op breaks its caller: a verdict naming the op, not a crash of the item
+            return [Check.failed(label, "error", raised(spec.op.name, error), output="all", dtype=dtype_name)]
         return [no_deterministic_kernel(label, strict, output="all", dtype=dtype_name)]
     if candidate is None:
         return [Check(label, DECLINED, 0.0, 0.0, True, {"output": "all", "dtype": dtype_name,
@@ -729,6 +734,15 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
                                     {**key, "torch_error": torch_bias, "signed": cand_bias}))
         checks.append(Check(where, "max_abs", cand_abs, abs_bound, cand_abs <= abs_bound, {**key, "torch_error": torch_abs}))
     return checks
+
+
+def raised(op: str, error: Exception) -> str:
+    """The verdict of a candidate op that raised: the op, the error's first line, and what a detached output means."""
+    lines = str(error).strip().splitlines()
+    reason = f"the candidate's {op} raised {type(error).__name__}: {lines[0] if lines else ''}"
+    if "does not require grad" in str(error):
+        reason += " (its output is detached from autograd: the op contract wants outputs that carry their gradient)"
+    return reason
 
 
 DECLINED = "declined"  # the check kind of an example the candidate's op returned NotImplemented for
