@@ -78,7 +78,7 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
         else:
             session.summary.append(f"{junit} is not evidence: only files under --h3-out are (--junitxml=OUT/junit.xml)")
     key = session.sign_key
-    path = evidence.write_evidence(
+    path, statement = evidence.write_evidence(
         session.out,
         results,
         outcomes,
@@ -93,7 +93,7 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
     )
     if key is None:
         session.summary.append("evidence is UNSIGNED: pass --h3-sign-key or set H3GATE_SIGN_KEY to sign it")
-    session.summary.append(verdict_line(evidence.statement_of(evidence.open_envelope(path))))
+    session.summary.append(verdict_line(statement))
     return path
 
 

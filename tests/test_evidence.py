@@ -116,7 +116,7 @@ class Run:
             identity.get("candidate", CANDIDATE),
             ENVIRONMENT,
             key,
-        )
+        )[0]
 
 
 def make_run(root: Path, timing: float = 1.0, outcome: dict | None = None, failing: tuple = ()) -> Run:

@@ -545,13 +545,14 @@ def write_evidence(
     candidate: dict,
     environment: dict,
     sign_key: PrivateKey | None = None,
-) -> Path:
+) -> tuple[Path, dict]:
     """The session-end call: build, redact, seal (signed when ``sign_key`` is given) and write the evidence.
-    Subjects are named relative to ``out_dir``, where evidence.json goes. Returns the evidence.json path."""
+    Subjects are named relative to ``out_dir``, where evidence.json goes. Returns the evidence.json path and the
+    statement it seals (whose verdict the session reports)."""
     statement = build_statement(
         results, outcomes, required, artifacts, out_dir, thresholds, files, model, candidate, environment
     )
-    return write_sealed(out_dir, statement, sign_key)
+    return write_sealed(out_dir, statement, sign_key), statement
 
 
 # Verifying -----------------------------------------------------------------------------------------------

@@ -25,7 +25,7 @@ import torch
 
 from h3gate import numerics
 from h3gate.block_program import PROVIDER_OPS, Installation
-from h3gate.gates.kernel import shared_torch_side
+from h3gate.gates.kernel import OPS as KERNEL_OPS, shared_torch_side
 from h3gate.candidates import Candidate, CandidateError
 from h3gate import gates as gate_registry
 from h3gate.mutants import MUTANTS, MutantCandidate
@@ -195,7 +195,7 @@ def measure(
     for gate in gates:
         module = gate_registry.REGISTRY[gate].module
         item_runs = [base_run.with_params(**params) for params in module.items(base_run)
-                     if ops is None or params.get("op", ops[0]) in ops]
+                     if ops is None or "op" not in params or params["op"] in ops]
         has_bounds = module.bounds_file(base_run if not item_runs else item_runs[0]) is not None
         frozen[gate] = [(item, module.load_bounds(item) if has_bounds else None) for item in item_runs]
     subjects = [("mutant", MutantCandidate(name, base)) for name in mutants]
@@ -274,10 +274,8 @@ KERNEL_OP = "kernel:"
 
 
 def measured() -> tuple[str, ...]:
-    from h3gate.gates.kernel import OPS
-
     return tuple(part for gate in gates_measured()
-                 for part in ([KERNEL_OP + op for op in OPS] if gate == "kernel" else [gate]))
+                 for part in ([KERNEL_OP + op for op in KERNEL_OPS] if gate == "kernel" else [gate]))
 
 
 LIST_CHOICES = {"gates": measured}

@@ -123,7 +123,7 @@ def repeatability(name: str, first: dict, again: dict) -> Check:
 def no_deterministic_kernel(name: str, error: BaseException, **detail) -> Check:
     """The failed determinism check of a candidate that raised ``error`` under torch's deterministic algorithms
     after running without them: its backend has no deterministic kernel (cuDNN's SDPA; a third-party kernel that
-    calls torch's ``_alert_not_deterministic``), so two runs cannot be held to the same bits."""
+    refuses them), so two runs cannot be held to the same bits."""
     lines = str(error).strip().splitlines()
     return Check.failed(name, "determinism", (
         f"no deterministic kernel: under torch.use_deterministic_algorithms(True) the candidate raised "

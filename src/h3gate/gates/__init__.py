@@ -146,11 +146,13 @@ register(Gate("block", (BLOCKS,), frozen=(Frozen("{model}/{device}/block{block}-
                                                  _BLOCK_ITEM))))
 register(Gate("model", frozen=(Frozen("{model}/model-contract.json", "contract"),  # the block gate reads it too
                                Frozen("{model}/{device}/model-bounds.json", "bounds", f"{_SUITE}/test_model.py::test_model"))))
-register(Gate("generation", (SEEDS,), requires="model", frozen=tuple(
-    Frozen(path.format(contract=contract), kind, item)
-    for contract, item in (("generation-preflight", f"{_SUITE}/test_generation.py::test_generation_preflight"),
-                           ("generation", f"{_SUITE}/test_generation.py::test_generation"))
-    for path, kind in (("{{model}}/{contract}-contract.json", "contract"), ("{{model}}/{{device}}/{contract}-bounds.json", "bounds")))))
+_PREFLIGHT_ITEM = f"{_SUITE}/test_generation.py::test_generation_preflight"
+_GENERATION_ITEM = f"{_SUITE}/test_generation.py::test_generation"
+register(Gate("generation", (SEEDS,), requires="model", frozen=(
+    Frozen("{model}/generation-preflight-contract.json", "contract"),
+    Frozen("{model}/{device}/generation-preflight-bounds.json", "bounds", _PREFLIGHT_ITEM),
+    Frozen("{model}/generation-contract.json", "contract"),
+    Frozen("{model}/{device}/generation-bounds.json", "bounds", _GENERATION_ITEM))))
 register(Gate("threshold", measured_by_test=True))
 register(Gate("power", (MEASURED,), module_name="h3gate.power", frozen_nothing="the power measurement freezes nothing: it uses the bounds the other gates froze"))
 

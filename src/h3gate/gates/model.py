@@ -93,8 +93,7 @@ def check(
     candidate runs twice, and its two runs must agree bitwise. Coverage counts the calls of both candidate runs.
 
     The two runs are made under torch's deterministic algorithms. A candidate that fails there but runs without them
-    has a backend with no deterministic kernel (cuDNN's SDPA, or a third-party kernel that calls torch's
-    ``_alert_not_deterministic``): its numerics are still judged, from a run without them, and the determinism check
+    has a backend with no deterministic kernel (cuDNN's SDPA, or a third-party kernel that refuses them): its numerics are still judged, from a run without them, and the determinism check
     fails naming the reason. ``repeat=False`` (a provider variant that has no deterministic kernel, calibration
     rather than a candidate: the power gate) judges the numerics of one run alone."""
     inputs, upstream = model_inputs(contract, model.config)
