@@ -99,7 +99,7 @@ class OpSpec:
 
 
 def _normal(shape, generator, scale=1.0):
-    return torch.randn(shape, generator=generator, dtype=torch.float64) * scale
+    return torch.randn(shape, generator=generator, dtype=torch.float64, device=generator.device) * scale
 
 
 def _rows(limits: Limits):
@@ -212,7 +212,7 @@ def model_examples(spec: "OpSpec", calls, dtype_name: str, narrow: bool) -> list
 def _table_rows(d, g):
     """Per packed row, its AdaLN table row; with ``last_row_alone`` the last row is the only one on the last table row."""
     top = d["table_rows"] - 1 if d.get("last_row_alone") and d["table_rows"] > 1 else d["table_rows"]
-    idx = torch.randint(0, top, (d["rows"],), generator=g)
+    idx = torch.randint(0, top, (d["rows"],), generator=g, device=g.device)
     if top < d["table_rows"]:
         idx[-1] = top
     return idx
@@ -306,12 +306,12 @@ def _rope_dims(limits):
 
 def _rope_build(d, dtype, g):
     rotary = min(6 * d["freq"], d["head_dim"])
-    positions = torch.rand((d["rows"], 1), generator=g, dtype=torch.float64) * 64
-    angles = positions * torch.linspace(0.01, 1.0, rotary // 2, dtype=torch.float64)
+    positions = torch.rand((d["rows"], 1), generator=g, dtype=torch.float64, device=g.device) * 64
+    angles = positions * torch.linspace(0.01, 1.0, rotary // 2, dtype=torch.float64, device=g.device)
     angles = torch.cat([angles, angles], dim=-1)
     args = {
         "x": _normal((d["batch"], d["rows"], d["heads"], d["head_dim"]), g, d["magnitude"]),
-        "weight": 1.5 + 1.5 * torch.rand((d["head_dim"],), generator=g, dtype=torch.float64),
+        "weight": 1.5 + 1.5 * torch.rand((d["head_dim"],), generator=g, dtype=torch.float64, device=g.device),
         "eps": 1e-5,
         "cos": angles.cos() if d["rope"] else None,
         "sin": angles.sin() if d["rope"] else None,
@@ -506,9 +506,6 @@ class _Run:
     inputs: dict[str, torch.Tensor]
     changed: dict[str, str]
 
-    def cpu(self) -> dict[str, torch.Tensor]:
-        return {k: v.cpu() for k, v in self.results.items()}
-
 
 _MODE_CONTEXTS = {op_calls.NO_GRAD: torch.no_grad, op_calls.INFERENCE: torch.inference_mode}
 
@@ -544,11 +541,11 @@ def _forward_backward(fn, built, dtype, device, upstream_seed, poison=False, ref
 
 @functools.lru_cache(maxsize=4)
 def _upstream(shape: tuple, seed: int, dtype: torch.dtype, device: str) -> torch.Tensor:
-    """The upstream gradient of an example, drawn once for all its runs (a draw of a long example's gradient in float64
-    on the host took longer than the runs themselves). Drawn at the run's precision too, so every run back-propagates
-    the same values."""
-    upstream = torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    return upstream.to(dtype).double().to(device)
+    """The upstream gradient of an example, drawn once for all its runs and on their device (a draw of a long example's
+    gradient in float64 on the host took longer than the runs themselves). Drawn at the run's precision too, so every
+    run back-propagates the same values."""
+    upstream = torch.randn(shape, generator=torch.Generator(device).manual_seed(seed), dtype=torch.float64, device=device)
+    return upstream.to(dtype).double()
 
 
 def torch_modes(device: str, dtype_name: str) -> list[numerics.Mode]:
@@ -578,10 +575,11 @@ def _contract_checks(label: str, dtype_name: str, candidate: _Run, provider: _Ru
     return checks
 
 
-def _built(spec: OpSpec, dims: dict, dtype: torch.dtype, seed: int) -> dict:
-    """The op's inputs for ``dims``, with the grad mode it is called in and, where ``dims`` names them (a model's
-    call), only the inputs that need gradients there."""
-    built = spec.build(dims, dtype, torch.Generator().manual_seed(seed))
+def _built(spec: OpSpec, dims: dict, dtype: torch.dtype, device: str, seed: int) -> dict:
+    """The op's inputs for ``dims``, drawn on the run's device (a long example's float64 draws took a worker's share
+    of a GPU node's cores longer than its runs), with the grad mode it is called in and, where ``dims`` names them (a
+    model's call), only the inputs that need gradients there."""
+    built = spec.build(dims, dtype, torch.Generator(device).manual_seed(seed))
     mode = dims.get("mode", op_calls.AUTOGRAD)
     grads = [] if mode != op_calls.AUTOGRAD else [g for g in built["grads"] if g in dims.get("grads", built["grads"])]
     if dims.get("outliers"):
@@ -634,20 +632,20 @@ def _torch_side(spec: OpSpec, dims: dict, dtype: torch.dtype, device: str, seed:
     key = (spec.op.name, repr(sorted(dims.items())), dtype, str(device), seed)  # a model call's dims hold tuples and lists
     if _SHARED is not None and key in _SHARED:
         return _SHARED[key]
-    built = _built(spec, dims, dtype, seed)
+    built = _built(spec, dims, dtype, device, seed)
     dtype_name = str(dtype).removeprefix("torch.")
     # float64 arithmetic on the very inputs the low-precision runs get (rounded to their dtypes), as
     # flash-attention's tests do: the errors then measure the ops' arithmetic, not the rounding of the inputs
     # every run shares. Computed on the run's device: a GPU does float64 at tens of TFLOP/s, where the host's cores
     # are shared by every worker of the node. Torch's own ops run deterministically, as the candidate's two runs do.
     with numerics.deterministic():
-        reference = _forward_backward(spec.op.provider, built, dtype, device, seed, reference=True).cpu()
+        reference = _forward_backward(spec.op.provider, built, dtype, device, seed, reference=True).results
         torch_runs = {}
         for mode in torch_modes(device, dtype_name):
             with numerics.activate(mode):
                 torch_runs[mode.name] = _forward_backward(spec.op.provider, built, dtype, device, seed)
     torch_low = torch_runs[numerics.PROVIDER.name]
-    runs = [run.cpu() for run in torch_runs.values()]
+    runs = [run.results for run in torch_runs.values()]
     half = torch.finfo(dtype).eps > FLOAT32_EPS
     errors = {}
     for name, ref in reference.items():
@@ -697,7 +695,7 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
         return [Check(label, DECLINED, 0.0, 0.0, True, {"output": "all", "dtype": dtype_name,
                                                           "reason": "declined (NotImplemented): the provider's op runs"})]
     checks = _contract_checks(label, dtype_name, candidate, side.torch_low) + _fresh_checks(label, dtype_name, candidate, again)
-    candidate, again = candidate.cpu(), again.cpu()
+    candidate, again = candidate.results, again.results
     eps = torch.finfo(dtype).eps
     # The floor's magnitude: the reference's own, or, where the reference is below a few float32 ULP of the op's
     # natural scale (the largest magnitude among all its reference outputs), that natural scale. Such a reference
