@@ -182,15 +182,17 @@ def path_class(dims: dict) -> tuple:
     return tuple(sorted((k, v) for k, v in {"mode": op_calls.AUTOGRAD, **dims}.items() if k not in FREE))
 
 
-def model_examples(spec: "OpSpec", calls, dtype_name: str, narrow: bool) -> list[dict]:
+def model_examples(spec: "OpSpec", calls, dtype_name: str, narrow: bool, shrunk=()) -> list[dict]:
     """One example per path class (:func:`path_class`) of ``spec``'s op's calls at ``dtype_name`` among a model's
-    ``calls`` that ``spec``'s own examples do not run, with its grad mode and, where the call differs from the op's
-    default there, the inputs that need gradients; ``narrow`` (the interpreter) narrows the dims of ``spec.narrow``.
+    ``calls`` and ``shrunk`` calls that ``spec``'s own examples do not run, with its grad mode and, where the call
+    differs from the op's default there, the inputs that need gradients; ``narrow`` (the interpreter) narrows the dims
+    of ``spec.narrow`` of ``calls``, and those of ``shrunk`` are narrowed on every device (the release model's on a
+    GPU, at the row counts a GPU run of a small model can afford).
     The first call without autograd is also made under ``torch.inference_mode()``, as callers outside the pipeline
     make it. A path class runs once: the tiny and the release model share most, and every repeat of a 56-head or
     5,376-wide example cost seconds under the interpreter."""
     out = []
-    for call in calls:
+    for call, narrow in [(c, narrow) for c in calls] + [(c, True) for c in shrunk]:
         if call.op != spec.op.name or _call_dtype(call) != dtype_name:
             continue
         dims = {**spec.from_call(call), "mode": call.mode}
@@ -769,9 +771,11 @@ def check(
     limits: Limits | None = None,
     shrink: bool = True,
     calls: tuple = (),
+    shrunk: tuple = (),
     progress=lambda message: None,
 ) -> GateResult:
-    """Search shapes for one op of ``candidate``; the worst check per (dtype, output) is kept, failures shrunk."""
+    """Search shapes for one op of ``candidate``; the worst check per (dtype, output) is kept, failures shrunk. The
+    model-shaped examples come from ``calls`` (at full size on a GPU) and ``shrunk`` (:func:`shipped_calls`)."""
     ops = candidate.kernel_ops()
     if op not in OP_SPECS:
         raise ValueError(f"unknown kernel op {op!r}; ops: {', '.join(OPS)}")
@@ -819,8 +823,8 @@ def check(
             keep(checks)
 
         interpreted = torch.device(device).type != "cuda"
-        shaped = model_examples(spec, calls, dtype_name, narrow=interpreted)
-        shaped += long_examples(spec, calls, dtype_name) if interpreted else []
+        shaped = model_examples(spec, calls, dtype_name, narrow=interpreted, shrunk=shrunk)
+        shaped += long_examples(spec, calls if interpreted else shrunk, dtype_name)
         for explicit in (*spec.examples, *edge_examples(spec, limits), *tier_examples(spec), *shaped):
             search = example(dims=explicit, seed=0)(search)
         try:
@@ -854,13 +858,17 @@ def bounds_file(run) -> None:
     return None  # the rule compares with torch in the same run
 
 
-def shipped_calls(run) -> tuple[op_calls.Call, ...]:
-    """The op calls the kernel gate qualifies: the run's model's, and on the CPU the release model's too (shape-only),
-    so that the interpreter's narrowed examples reach the paths the shipped model's widths, heads and lengths take."""
+def shipped_calls(run) -> tuple[tuple[op_calls.Call, ...], tuple[op_calls.Call, ...]]:
+    """The op calls the kernel gate qualifies, as ``(calls, shrunk)`` for :func:`check`: the run's model's, and the
+    release model's too (shape-only), so that narrowed examples reach the paths the shipped model's widths, heads and
+    lengths take (rows wider than 2,048, 56 heads, reductions over 38,733 rows) on every device and with every model.
+    On a GPU the run's model's calls run at full size and the release model's narrowed; under the interpreter all
+    are narrowed."""
     calls = op_calls.model_calls(run.model_name, run.thresholds, lambda: run.model)
-    if torch.device(run.device).type == "cuda" or run.model_name == RELEASE:
-        return calls
-    return calls + op_calls.model_calls(RELEASE, run.thresholds)
+    release = () if run.model_name == RELEASE else op_calls.model_calls(RELEASE, run.thresholds)
+    if torch.device(run.device).type == "cuda":
+        return calls, release
+    return calls + release, ()
 
 
 def check_item(run, _bounds) -> GateResult:
@@ -874,9 +882,10 @@ def check_item(run, _bounds) -> GateResult:
     dtypes = tuple(dtype for dtype, reason in zip(asked, reasons) if reason is None)
     if not dtypes:
         raise NotClaimed(reasons[0])
+    calls, shrunk = shipped_calls(run)
     with run.progress(None) as bar:
         result = check(run.candidate, op, run.device, dtypes=dtypes, max_examples=run.kernel_examples,
-                       shrink=run.kernel_shrink, progress=bar.step, calls=shipped_calls(run))
+                       shrink=run.kernel_shrink, progress=bar.step, calls=calls, shrunk=shrunk)
     # The item's own params, whatever dtypes the candidate left out of them, which its evidence names.
     unclaimed = {dtype: reason for dtype, reason in zip(asked, reasons) if reason is not None}
     context = {**result.context, "not_claimed": unclaimed} if unclaimed else result.context
