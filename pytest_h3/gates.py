@@ -16,12 +16,11 @@ from typing import NoReturn
 
 import pytest
 
-from h3gate import bounds as bounds_mod
-from h3gate import gate_passes
-from h3gate import gates as registry
+from h3gate import bounds as bounds_mod, gates as registry
 from h3gate.candidates import CandidateError
 from h3gate.files import FileFormatError
-from h3gate.resume import ResumeError
+from h3gate.gates import passes
+from h3gate.generation.resume import ResumeError
 from h3gate.verdict import Check, GateResult
 from pytest_h3 import distribution
 
@@ -71,21 +70,21 @@ def _run(item) -> GateResult:
     if gate.name not in registry.required():
         return _check(item, gate, gate_run)
     session = item.session
-    record(session, gate.name, item.node.nodeid, gate_passes.RUNNING)
+    record(session, gate.name, item.node.nodeid, passes.RUNNING)
     try:
         result = _check(item, gate, gate_run)
     except BaseException as error:
-        outcome = gate_passes.DID_NOT_RUN if isinstance(error, pytest.skip.Exception) else gate_passes.CRASHED
+        outcome = passes.DID_NOT_RUN if isinstance(error, pytest.skip.Exception) else passes.CRASHED
         with contextlib.suppress(Exception):  # the error itself is what the item reports
-            record(session, gate.name, item.node.nodeid, outcome, gate_passes.one_line(error))
+            record(session, gate.name, item.node.nodeid, outcome, passes.one_line(error))
         raise
     missing = [check for check in result.checks if check.kind == "missing"]
     if missing:
-        record(session, gate.name, item.node.nodeid, gate_passes.MISSING_BOUNDS, missing[0].detail["reason"])
+        record(session, gate.name, item.node.nodeid, passes.MISSING_BOUNDS, missing[0].detail["reason"])
     elif result.passed:
-        record(session, gate.name, item.node.nodeid, gate_passes.PASSED, bounds_sha256=result.context["bounds_sha256"])
+        record(session, gate.name, item.node.nodeid, passes.PASSED, bounds_sha256=result.context["bounds_sha256"])
     else:
-        record(session, gate.name, item.node.nodeid, gate_passes.FAILED, result.summary(),
+        record(session, gate.name, item.node.nodeid, passes.FAILED, result.summary(),
                result.context.get("bounds_sha256", ""))
     return result
 
@@ -134,15 +133,15 @@ def _wait_for(item, required: str, gate_run: registry.GateRun) -> None:
     session = item.session
     if gate_run.required_override or not session.gates_scheduled.get(required) or distribution.worker_index() is None:
         return
-    gate_passes.wait(session.out, required, session.model, session.candidate.identity(), session.run_id,
+    passes.wait(session.out, required, session.model, session.candidate.identity(), session.run_id,
                      gate_run.stream)
 
 
 def record(session, gate: str, nodeid: str, outcome: str, reason: str = "", bounds_sha256: str = "") -> None:
     """Record an item's outcome of a required gate for the session's model and candidate, under this run's id."""
-    gate_passes.record(
+    passes.record(
         session.out, gate, session.model_ref(), session.candidate.identity(), outcome, reason=reason,
         bounds_sha256=bounds_sha256, run=session.run_id,
     )
-    if outcome != gate_passes.RUNNING:
+    if outcome != passes.RUNNING:
         session.required_recorded.add(nodeid)

@@ -18,7 +18,7 @@ import pytest
 from h3gate import gates as registry
 from pytest_h3 import distribution, settings
 from pytest_h3.ledger import gate_of
-from pytest_h3.session import H3Session, SESSION_KEY
+from pytest_h3.session import SESSION_KEY, H3Session
 from pytest_h3.settings import PROFILES
 
 MARKER_HELP = (
@@ -251,7 +251,7 @@ def _record_unrun(item, kind: str, report) -> None:
         return
     if report.when == "setup" and report.passed:
         return
-    from h3gate import gate_passes
+    from h3gate.gates import passes
     from pytest_h3.gates import record
 
     lines = [line for line in report.longreprtext.strip().splitlines() if line.strip()]
@@ -261,7 +261,7 @@ def _record_unrun(item, kind: str, report) -> None:
         what = "skipped" if report.skipped else ("setup error" if report.when == "setup" else report.outcome)
         reason = f"{what}: {lines[-1].strip()}" if lines else what
     try:
-        record(h3, kind, item.nodeid, gate_passes.DID_NOT_RUN, reason)
+        record(h3, kind, item.nodeid, passes.DID_NOT_RUN, reason)
     except Exception as error:  # never turn a report into a crash of the run
         h3.summary.append(f"could not record the {kind} gate's outcome for {item.nodeid}: {error}")
 
@@ -363,10 +363,11 @@ def h3_generation(request, h3_session):
     artifacts, identity in its run folder). Reused from the gate's run store under --h3-out when finished, resumed
     bit-exactly when partly saved, generated otherwise; its artifacts enter the result and the evidence of the
     test's ``h3_threshold`` check."""
-    from h3gate import generation_contract, numerics
+    from h3gate import numerics
     from h3gate.gates import generation
     from h3gate.gates.threshold import CANDIDATE
-    from h3gate.generation_contract import SUFFIX
+    from h3gate.generation import contract as generation_contract
+    from h3gate.generation.contract import SUFFIX
     from pytest_h3.gates import failing_in_one_line
     from pytest_h3.progress import Terminal
 

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from h3gate.files import WriteError, write_json
 from h3gate import gates as registry
+from h3gate.files import WriteError, write_json
 from h3gate.verdict import Check, GateResult
 from pytest_h3 import distribution
 from pytest_h3.ledger import Ledger
@@ -68,7 +68,8 @@ class H3Session:
     @property
     def model(self):
         if self._model is None:
-            from h3gate.model import ModelError, load_model
+            from h3gate.model.factory import load_model
+            from h3gate.model.identity import ModelError
 
             try:
                 self._model = load_model(self.config.getoption("--h3-model"), self.config.getoption("--h3-model-seed"))
@@ -83,14 +84,14 @@ class H3Session:
     @property
     def model_name(self) -> str:
         """The model's name (its thresholds folder) without building the model."""
-        from h3gate.status import model_name
+        from h3gate.model.spec import model_name
 
         return self._model.name if self._model is not None else model_name(self.config.getoption("--h3-model"))
 
     def model_ref(self):
-        """The model as verdict records name it (:mod:`h3gate.gate_passes`): its source, and its identity once built."""
-        from h3gate.gate_passes import ModelRef
-        from h3gate.status import model_source
+        """The model as verdict records name it (:mod:`h3gate.gates.passes`): its source, and its identity once built."""
+        from h3gate.gates.passes import ModelRef
+        from h3gate.model.spec import model_source
 
         if self._model is not None:
             return ModelRef(self._model.source, self._model.identity)
@@ -100,8 +101,8 @@ class H3Session:
         """The state of the frozen files that the gates of the session's completeness profile read, for its model on
         its device (:mod:`h3gate.status`); large files (release-size captures) are hashed once per size and mtime,
         the lock check at session start hashes all."""
+        from h3gate.evidence.profiles import profile
         from h3gate.files import file_digest, sha256_file
-        from h3gate.profiles import profile
         from h3gate.status import status
 
         def digest(path):
@@ -123,7 +124,7 @@ class H3Session:
 
     def model_config(self) -> dict:
         """The transformer config without loading weights (collection-time checks)."""
-        from h3gate.status import transformer_config
+        from h3gate.model.spec import transformer_config
 
         try:
             return transformer_config(self.config.getoption("--h3-model"))
@@ -169,7 +170,7 @@ class H3Session:
             return
         self.started = True
         import pytest_h3.gates  # noqa: F401  the engine (torch, diffusers), which every gate item needs: paid here,
-        import pytest_h3.report  # noqa: F401  once, not by the first item
+        import pytest_h3.session_evidence  # noqa: F401  once, not by the first item
         self.share_host_threads()
         self.verify_thresholds()
         if not self.freezing:
@@ -208,8 +209,8 @@ class H3Session:
         outcomes = self.ledger.final_outcomes()
         if self.freezing or not outcomes:
             return True
-        from h3gate.gate_passes import one_line
-        from pytest_h3.report import write_session_evidence
+        from h3gate.gates.passes import one_line
+        from pytest_h3.session_evidence import write_session_evidence
 
         results_path = self.out / "results.json"
         try:
@@ -248,7 +249,7 @@ class GateItem:
 
     def run(self) -> GateResult:
         from pytest_h3 import gates
-        from pytest_h3.report import device_facts
+        from pytest_h3.session_evidence import device_facts
 
         result = gates.run(self)
         made = self.artifacts()
@@ -285,8 +286,7 @@ class GateItem:
     def bounds(self):
         """The frozen bounds this item checks against (what ``h3_bounds`` returns); missing or unusable bounds are a
         :class:`h3gate.bounds.BoundsError` ending in the command that freezes them."""
-        from h3gate import bounds as bounds_mod
-        from h3gate import gates as registry
+        from h3gate import bounds as bounds_mod, gates as registry
 
         module = registry.REGISTRY[self.kind].module
         gate_run = self.gate_run()

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from h3gate.profiles import PROFILES as _PROFILES
+from h3gate.evidence.profiles import PROFILES as _PROFILES
 
-PROFILES = tuple(_PROFILES)  # h3gate.profiles imports nothing heavy
+PROFILES = tuple(_PROFILES)  # h3gate.evidence.profiles imports nothing heavy
 
 
 def _writable_folder(path: Path) -> str | None:
@@ -60,8 +60,8 @@ def validate(config):
 def _check_model(spec: str) -> None:
     """An embedded model's name or a folder holding a transformer config; its weights are checked when the model
     loads (a folder without even a config would otherwise fail the first item, leaving empty results behind)."""
-    from h3gate.presets import PRESETS, RELEASE
-    from h3gate.status import not_a_checkpoint
+    from h3gate.model.presets import PRESETS, RELEASE
+    from h3gate.model.spec import not_a_checkpoint
 
     if spec in (*PRESETS, RELEASE):
         return
@@ -110,9 +110,9 @@ def _check_variants(spec: str, device_option: str) -> None:
 
 
 def _signing_key(path):
-    if path is None and not os.environ.get("H3GATE_SIGN_KEY"):  # h3gate.signing.KEY_ENV, read without cryptography
+    if path is None and not os.environ.get("H3GATE_SIGN_KEY"):  # h3gate.evidence.signing.KEY_ENV, read without cryptography
         return None
-    from h3gate.signing import KEY_ENV, SigningKeyError, load_private_key
+    from h3gate.evidence.signing import KEY_ENV, SigningKeyError, load_private_key
 
     try:
         return load_private_key(path)

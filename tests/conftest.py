@@ -5,8 +5,8 @@ from pathlib import Path
 import pytest
 
 from h3gate import bounds
-from h3gate.contract import load_model_contract
-from h3gate.model import build_preset
+from h3gate.model.contract import load_model_contract
+from h3gate.model.factory import build_preset
 
 ROOT = Path(__file__).resolve().parent.parent
 THRESHOLDS = ROOT / "thresholds"

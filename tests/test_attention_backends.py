@@ -4,9 +4,8 @@ import pytest
 import torch
 from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
 
-from h3gate import attention_backends, candidates
-from h3gate import gates as registry
-from h3gate.candidates import CandidateError
+from h3gate import candidates, gates as registry
+from h3gate.candidates import CandidateError, attention_backends
 from h3gate.gates import kernel
 
 CPU_BACKENDS = ["native", "_native_math", "_native_flash"]

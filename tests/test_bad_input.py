@@ -142,8 +142,8 @@ def test_checkpoint_make_refuses_a_shard_size_before_building(tmp_path, capsys, 
 
 
 def test_checkpoint_make_under_a_file(tmp_path, capsys):
-    from h3gate.checkpoint import CheckpointError
-    from h3gate.checkpoint_writer import make
+    from h3gate.model.checkpoint import CheckpointError
+    from h3gate.model.checkpoint_writer import make
 
     (tmp_path / "out.txt").write_text("")
     err = refusal(capsys, 2, "checkpoint", "make", "--preset", "tiny", tmp_path / "out.txt" / "ck")
@@ -153,7 +153,7 @@ def test_checkpoint_make_under_a_file(tmp_path, capsys):
 
 
 def test_identity_of_a_checkpoint_whose_config_builds_no_transformer(tmp_path, capsys):
-    from h3gate.checkpoint_writer import make
+    from h3gate.model.checkpoint_writer import make
 
     config = make("tiny", tmp_path / "ck", ["transformer"]) / "transformer" / "config.json"
     config.write_text(json.dumps({**json.loads(config.read_text()), "attention_head_dim": -3}))
@@ -199,8 +199,8 @@ def test_contracts_refuse_an_unreadable_lock_or_a_file_before_writing_any(tmp_pa
 
 def test_contracts_that_cannot_be_locked_are_put_back(thresholds, monkeypatch):
     """A contract written but not locked would be refused by its gate, and would block the rerun (it exists)."""
-    from h3gate import contract_defaults
     from h3gate.files import WriteError
+    from h3gate.generation import default_contracts as contract_defaults
 
     def full_disk(*args):
         raise WriteError(28, "no room")

@@ -13,10 +13,11 @@ from safetensors import safe_open
 
 from conftest import THRESHOLDS
 from h3gate import status
-from h3gate.checkpoint import CheckpointError, load_checkpoint, load_components
-from h3gate.checkpoint_writer import make
 from h3gate.cli import main
-from h3gate.pipeline_components import build_components
+from h3gate.generation.components import build_components
+from h3gate.model.checkpoint import CheckpointError, load_checkpoint, load_components
+from h3gate.model.checkpoint_writer import make
+from h3gate.model.spec import model_name
 
 ROOT = THRESHOLDS.parent
 
@@ -82,9 +83,9 @@ def test_identity_covers_every_component_file(copy, folder):
 def test_checkpoints_of_one_name_keep_their_thresholds_apart(folder, tmp_path):
     other = make("tiny", tmp_path / "minimax-h3", ["transformer"], seed=1)
     assert folder.name == other.name
-    assert status.model_name(str(folder)) != status.model_name(str(other))
-    assert status.model_name(str(folder)).startswith("minimax-h3-")
-    assert load_checkpoint(folder).name == status.model_name(str(folder))
+    assert model_name(str(folder)) != model_name(str(other))
+    assert model_name(str(folder)).startswith("minimax-h3-")
+    assert load_checkpoint(folder).name == model_name(str(folder))
 
 
 def _one_line(call) -> str:
@@ -168,7 +169,7 @@ def test_cli_makes_a_folder_and_refuses_an_existing_one(tmp_path, capsys):
 def test_a_made_tiny_folder_passes_the_model_and_block_gates(folder, tmp_path):
     """Freeze into a fresh thresholds folder (the tiny model contract, locked), then check the provider."""
     thresholds = tmp_path / "thresholds"
-    name = status.model_name(str(folder))
+    name = model_name(str(folder))
     (thresholds / name).mkdir(parents=True)
     shutil.copy(THRESHOLDS / "tiny" / "model-contract.json", thresholds / name)
     assert main(["lock", str(thresholds / name / "model-contract.json"), f"--thresholds={thresholds}"]) == 0
@@ -185,7 +186,7 @@ def test_contracts_command_writes_and_locks_the_defaults_then_status_lists_only_
     thresholds = tmp_path / "thresholds"
     assert main(["contracts", "--model", str(folder), f"--thresholds={thresholds}", "--device=cpu"]) == 0
     out = capsys.readouterr().out
-    name = status.model_name(str(folder))
+    name = model_name(str(folder))
     assert json.loads((thresholds / name / "model-contract.json").read_text()) == json.loads(
         (THRESHOLDS / "tiny" / "model-contract.json").read_text()), "the tiny canvas: 32x32 over the 16x VAE"
     assert f"pytest tests/gates/test_generation.py::test_generation_preflight --h3-freeze --h3-model={folder}" in out
@@ -198,9 +199,9 @@ def test_contracts_command_writes_and_locks_the_defaults_then_status_lists_only_
 
 
 def test_the_release_contracts_are_the_defaults_at_the_release_canvas():
-    from h3gate import generation_contract
     from h3gate.bounds import verify_lock
-    from h3gate.contract_defaults import defaults
+    from h3gate.generation import contract as generation_contract
+    from h3gate.generation.default_contracts import defaults
 
     for name, content in defaults("release").items():
         assert json.loads((THRESHOLDS / "release" / name).read_text()) == content, name

@@ -9,13 +9,13 @@ import torch
 from diffusers.modular_pipelines import MiniMaxH3Blocks
 from safetensors.torch import load_file
 
-from h3gate import checkpoint_writer, model as model_module
-from h3gate.checkpoint import MODULAR_INDEX, CheckpointError, check_weights
-from h3gate.checkpoint_writer import drawn_transformer, library_initialised, make, write_model
 from h3gate.cli import main
-from h3gate.model import build_preset
-from h3gate.pipeline_components import build_components, text_encoder_skeleton
-from h3gate.presets import TRANSFORMER_CONFIGS
+from h3gate.generation.components import build_components, text_encoder_skeleton
+from h3gate.model import checkpoint_writer, factory as model_module
+from h3gate.model.checkpoint import MODULAR_INDEX, CheckpointError, check_weights
+from h3gate.model.checkpoint_writer import drawn_transformer, library_initialised, make, write_model
+from h3gate.model.factory import build_preset
+from h3gate.model.presets import TRANSFORMER_CONFIGS
 
 SHARD = "40KB"  # small enough to shard every model of the tiny preset
 

@@ -9,9 +9,8 @@ import pytest
 from conftest import THRESHOLDS
 from h3gate import bounds, op_registry
 from h3gate.candidates import ProviderCandidate, replace
-from h3gate.gates import block as block_gate
-from h3gate.gates import model as model_gate
-from h3gate.signing import open_envelope
+from h3gate.evidence.signing import open_envelope
+from h3gate.gates import block as block_gate, model as model_gate
 from test_generation_gate import Setup
 
 

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from conftest import ROOT
-from h3gate.signing import open_envelope
+from h3gate.evidence.signing import open_envelope
 
 
 # The gate items each model runs under another level: tiny's block, model and generation preflight; edge's (batch 2,

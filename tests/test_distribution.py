@@ -7,8 +7,8 @@ import shutil
 import pytest
 
 from conftest import THRESHOLDS
-from h3gate import evidence
 from h3gate.bounds import lock_files
+from h3gate.evidence.merge import merge
 from pytest_h3 import distribution
 
 SUITE = """
@@ -67,7 +67,7 @@ def test_workers_and_shards_give_the_same_evidence(project):
     for index in range(2):
         _run(project, f"shard{index}", f"--h3-shard={index}/2")
         shards.append(project.path / f"shard{index}" / "evidence.json")
-    merged = evidence.merge(shards, project.path)  # the folder that holds every shard
+    merged = merge(shards, project.path)  # the folder that holds every shard
     single = _content(project.path / "single" / "evidence.json")
     assert _content(project.path / "workers" / "evidence.json") == single
     assert _content(merged) == single
@@ -196,7 +196,8 @@ def test_a_session_computes_on_its_share_of_the_host(monkeypatch, device, env, w
 
 def test_power_on_the_cpu_computes_with_one_thread(monkeypatch):
     """`h3gate power --device cpu` computes the bits of the gate suite's power test: one thread, as a CPU session."""
-    from h3gate import cli, numerics, power
+    from h3gate import cli, numerics
+    from h3gate.gates import power
 
     calls = []
     monkeypatch.setattr(numerics, "one_cpu_thread", lambda: calls.append("one thread"))

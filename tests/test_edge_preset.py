@@ -6,10 +6,10 @@ import json
 import pytest
 import torch
 
-from h3gate.contract import load_model_contract, model_inputs
 from h3gate.files import FileFormatError
-from h3gate.model import build_preset
-from h3gate.presets import TRANSFORMER_CONFIGS
+from h3gate.model.contract import load_model_contract, model_inputs
+from h3gate.model.factory import build_preset
+from h3gate.model.presets import TRANSFORMER_CONFIGS
 
 from conftest import THRESHOLDS
 

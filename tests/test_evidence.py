@@ -20,10 +20,13 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.asymmetric.rsa import generate_private_key
 
 from conftest import ROOT, THRESHOLDS
-from h3gate import environment, evidence, profiles, signing
 from h3gate.bounds import lock_files
-from h3gate.profiles import Outcome
-from h3gate.signing import EvidenceError
+from h3gate.evidence import environment, profiles, signing
+from h3gate.evidence.merge import merge
+from h3gate.evidence.profiles import Outcome
+from h3gate.evidence.signing import EvidenceError
+from h3gate.evidence.statement import SUMS_NAME, statement_of as statement_in, write_evidence
+from h3gate.evidence.verify import verify
 from h3gate.files import sha256_bytes, sha256_file
 from h3gate.verdict import Check, GateResult
 
@@ -104,7 +107,7 @@ class Run:
         if Path(out).resolve() != self.root.resolve():
             (Path(out) / "artifacts").mkdir(parents=True, exist_ok=True)
             artifacts = [Path(shutil.copy(a, Path(out) / "artifacts" / a.name)) for a in artifacts]
-        return evidence.write_evidence(
+        return write_evidence(
             out,
             {n: self.results[n] for n in nodeids if n in self.results},
             {n: self.outcomes[n] for n in nodeids if n in self.outcomes},
@@ -139,7 +142,7 @@ def make_run(root: Path, timing: float = 1.0, outcome: dict | None = None, faili
 
 
 def statement_of(path: Path) -> dict:
-    return evidence.statement_of(signing.open_envelope(path))
+    return statement_in(signing.open_envelope(path))
 
 
 def rewrite_payload(path: Path, edit) -> None:
@@ -153,7 +156,7 @@ def rewrite_payload(path: Path, edit) -> None:
 def reseal_sums(path: Path) -> None:
     """Point SHA256SUMS's line of the envelope at the envelope as it is now, so an edited statement meets the check
     under test and not the sums' (which would name the edited envelope first)."""
-    sums = path.parent / evidence.SUMS_NAME
+    sums = path.parent / SUMS_NAME
     digest = sha256_file(path)
     sums.write_text(re.sub(r"(?m)^[0-9a-f]{64}(?=  evidence\.json$)", digest, sums.read_text()))
 
@@ -196,7 +199,7 @@ def _imported_modules(path: Path) -> set[str]:
 
 def test_profiles_and_the_plugins_ledger_and_report_load_without_cryptography():
     code = (
-        "import sys, h3gate.profiles, pytest_h3.ledger, pytest_h3.report; "
+        "import sys, h3gate.evidence.profiles, pytest_h3.ledger, pytest_h3.session_evidence; "
         "assert 'cryptography' not in sys.modules, sorted(m for m in sys.modules if m.startswith('h3gate'))"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
@@ -210,10 +213,10 @@ def test_only_signing_imports_cryptography_and_imports_run_one_way():
         for path in (ROOT / folder).rglob("*.py")
         if any(name.split(".")[0] == "cryptography" for name in _imported_modules(path))
     )
-    assert importers == ["src/h3gate/signing.py"]
-    package = ROOT / "src" / "h3gate"
-    assert not {"h3gate.signing", "h3gate.evidence"} & _imported_modules(package / "profiles.py")
-    assert not {"h3gate.profiles", "h3gate.evidence"} & _imported_modules(package / "signing.py")
+    assert importers == ["src/h3gate/evidence/signing.py"]
+    package = ROOT / "src" / "h3gate" / "evidence"
+    assert not {"h3gate.evidence.signing", "h3gate.evidence.statement"} & _imported_modules(package / "profiles.py")
+    assert not {"h3gate.evidence.profiles", "h3gate.evidence.statement"} & _imported_modules(package / "signing.py")
 
 
 # DSSE ------------------------------------------------------------------------------------------------------
@@ -262,7 +265,7 @@ def test_signed_round_trip(run, key):
     assert h3["signer"] == signature["keyid"]
     assert h3["tests"]["tests/gates/test_model.py::test_model"]["result"]["checks"][0]["margin"] == pytest.approx(0.016)
 
-    verified = evidence.verify(path, [key.public_key()], run.thresholds)
+    verified = verify(path, [key.public_key()], run.thresholds)
     assert verified.result == "PASSED" and verified.signature.startswith("verified")
     assert verified.artifacts == len(ITEMS)
 
@@ -272,14 +275,14 @@ def test_one_changed_byte_in_the_statement_breaks_the_signature(run, key):
     rewrite_payload(path, lambda payload: payload.replace(b'"candidate":1.0', b'"candidate":2.0', 1))
     assert json.loads(base64.b64decode(json.loads(path.read_text())["payload"]))  # still a valid statement
     with pytest.raises(EvidenceError, match="does not verify") as error:
-        evidence.verify(path, [key.public_key()])
+        verify(path, [key.public_key()])
     assert error.value.kind == "signature"
 
 
 def test_signature_by_another_key_is_refused(run, key):
     path = run.write(run.root, key=key)
     with pytest.raises(EvidenceError, match="no signature by a trusted key") as error:
-        evidence.verify(path, [Ed25519PrivateKey.generate().public_key()])
+        verify(path, [Ed25519PrivateKey.generate().public_key()])
     assert error.value.kind == "signature"
 
 
@@ -292,11 +295,11 @@ def test_one_changed_byte_in_an_artifact_is_found(run, key):
     with pytest.raises(
         EvidenceError, match=f"artifact {artifact.relative_to(run.root).as_posix()} has sha256"
     ) as error:
-        evidence.verify(path, [key.public_key()])
+        verify(path, [key.public_key()])
     assert error.value.kind == "digest"
     artifact.unlink()
     with pytest.raises(EvidenceError, match="model-2.bin: missing"):
-        evidence.verify(path, [key.public_key()])
+        verify(path, [key.public_key()])
 
 
 def test_one_changed_byte_in_a_bounds_file_fails_the_lock(run, key):
@@ -304,12 +307,12 @@ def test_one_changed_byte_in_a_bounds_file_fails_the_lock(run, key):
     bounds = run.files[0]
     bounds.write_bytes(bounds.read_bytes().replace(b"e-", b"E-", 1))
     with pytest.raises(EvidenceError, match="does not match its digest") as error:
-        evidence.verify(path, [key.public_key()], run.thresholds)
+        verify(path, [key.public_key()], run.thresholds)
     assert error.value.kind == "lock"
     # Re-locked by hand: the lock verifies, but no longer holds what the evidence was measured against.
     lock_files(run.thresholds, [bounds])
     with pytest.raises(EvidenceError, match="bounds tiny/cpu/model-bounds.json: sha256 .* in the evidence") as error:
-        evidence.verify(path, [key.public_key()], run.thresholds)
+        verify(path, [key.public_key()], run.thresholds)
     assert error.value.kind == "lock"
 
 
@@ -318,10 +321,10 @@ def test_unsigned_evidence_is_reported_unsigned(run, key):
     envelope = json.loads(path.read_text())
     assert envelope["signatures"] == []
     assert statement_of(path)["predicate"]["h3"]["signer"] is None
-    verified = evidence.verify(path)
+    verified = verify(path)
     assert verified.signature.startswith("UNSIGNED") and not verified.trusted
     with pytest.raises(EvidenceError, match="unsigned") as error:
-        evidence.verify(path, [key.public_key()])
+        verify(path, [key.public_key()])
     assert error.value.kind == "unsigned"
 
 
@@ -331,12 +334,12 @@ def test_a_stripped_signature_is_malformed_not_unsigned(run, key):
     envelope["signatures"] = []
     path.write_text(json.dumps(envelope))
     with pytest.raises(EvidenceError, match="names signer") as error:
-        evidence.verify(path)
+        verify(path)
     assert error.value.kind == "malformed"
 
 
 def test_signed_evidence_without_a_key_says_its_signature_was_not_checked(run, key):
-    assert evidence.verify(run.write(run.root, key=key)).signature.startswith("NOT CHECKED")
+    assert verify(run.write(run.root, key=key)).signature.startswith("NOT CHECKED")
 
 
 def test_an_edited_verdict_in_unsigned_evidence_is_malformed(tmp_path):
@@ -351,7 +354,7 @@ def test_an_edited_verdict_in_unsigned_evidence_is_malformed(tmp_path):
     rewrite_payload(path, pass_it)
     reseal_sums(path)
     with pytest.raises(EvidenceError, match="predicate.result does not follow") as error:
-        evidence.verify(path)
+        verify(path)
     assert error.value.kind == "malformed"
 
 
@@ -360,7 +363,7 @@ def test_garbage_is_malformed(tmp_path, garbage):
     path = tmp_path / "evidence.json"
     path.write_bytes(garbage)
     with pytest.raises(EvidenceError) as error:
-        evidence.verify(path)
+        verify(path)
     assert error.value.kind == "malformed"
 
 
@@ -379,7 +382,7 @@ def test_a_required_gate_without_a_verdict_gives_incomplete(tmp_path, state):
     problems = predicate["h3"]["completeness"]["problems"]
     assert len(problems) == 1 and nodeid in problems[0]
     with pytest.raises(EvidenceError, match="incomplete for profile release") as error:
-        evidence.verify(path)
+        verify(path)
     assert error.value.kind == "incomplete"
 
 
@@ -398,7 +401,7 @@ def test_a_skipped_gate_the_profile_does_not_require_leaves_ci_passed(tmp_path):
     with pytest.raises(
         EvidenceError, match="profile release: kernel: tests/gates/test_kernel.py::test_kernel was skipped"
     ):
-        evidence.verify(path, required=profiles.PROFILES["release"])
+        verify(path, required=profiles.PROFILES["release"])
 
 
 def test_a_crash_of_any_gate_item_is_incomplete_even_when_not_required(tmp_path):
@@ -415,7 +418,7 @@ def test_a_failed_gate_gives_failed(tmp_path):
     predicate = statement_of(path)["predicate"]
     assert predicate["result"] == "FAILED" and predicate["failedTests"] == [nodeid]
     with pytest.raises(EvidenceError, match=f"1 gate test\\(s\\) failed: {nodeid}") as error:
-        evidence.verify(path)
+        verify(path)
     assert error.value.kind == "failed"
 
 
@@ -546,11 +549,11 @@ def test_merged_shards_equal_the_single_run(tmp_path, key):
     shards = [sharded.write(sharded.root / f"shard-{i}", nodeids=half, key=key) for i, half in enumerate(HALVES)]
     for shard in shards:
         assert statement_of(shard)["predicate"]["h3"]["verdict"] == "INCOMPLETE"  # each half alone lacks gates
-    merged = evidence.merge(shards, sharded.root, key)
+    merged = merge(shards, sharded.root, key)
     statement = statement_of(merged)
     assert statement != expected  # the timings differ ...
     assert without_timings(statement) == without_timings(expected)  # ... and nothing else
-    assert evidence.verify(merged, [key.public_key()], sharded.thresholds).result == "PASSED"
+    assert verify(merged, [key.public_key()], sharded.thresholds).result == "PASSED"
     assert (sharded.root / "redaction.json").read_text() == (single.root / "redaction.json").read_text()
 
 
@@ -559,12 +562,12 @@ def test_merge_rebases_artifact_names_onto_the_output_folder(tmp_path):
     for i, half in enumerate(HALVES):
         run = make_run(tmp_path / f"task-{i}")
         shards.append(run.write(run.root, nodeids=half))
-    merged = evidence.merge(shards, tmp_path)
+    merged = merge(shards, tmp_path)
     names = [s["name"] for s in statement_of(merged)["subject"]]
     assert names and all(name.startswith(("task-0/artifacts/", "task-1/artifacts/")) for name in names)
-    assert evidence.verify(merged).signature.startswith("UNSIGNED")
+    assert verify(merged).signature.startswith("UNSIGNED")
     with pytest.raises(ValueError, match="outside the merge folder: merge into a folder that holds every shard"):
-        evidence.merge(shards, tmp_path / "merged")
+        merge(shards, tmp_path / "merged")
 
 
 @pytest.mark.parametrize(
@@ -578,7 +581,7 @@ def test_merge_refuses_shards_of_another_model_or_candidate(run, identity, diffe
     first = run.write(run.root / "a", nodeids=HALVES[0])
     second = run.write(run.root / "b", nodeids=HALVES[1], **identity)
     with pytest.raises(EvidenceError, match=difference) as error:
-        evidence.merge([first, second], run.root)
+        merge([first, second], run.root)
     assert error.value.kind == "conflict"
 
 
@@ -590,32 +593,32 @@ def test_merge_refuses_shards_of_other_bounds_or_contracts(run, which):
     second = run.write(run.root / "b", nodeids=HALVES[1])
     role = ("bounds tiny/cpu/model-bounds.json", "contract tiny/model-contract.json")[which]
     with pytest.raises(EvidenceError, match=f"{role}: sha256"):
-        evidence.merge([first, second], run.root)
+        merge([first, second], run.root)
 
 
 def test_merge_refuses_a_test_in_two_shards(run):
     first = run.write(run.root / "a", nodeids=HALVES[0])
     second = run.write(run.root / "b", nodeids=HALVES[0][:1] + HALVES[1])
     with pytest.raises(EvidenceError, match=f"test {HALVES[0][0]} is in both"):
-        evidence.merge([first, second], run.root)
+        merge([first, second], run.root)
 
 
 def test_merge_refuses_another_profile(run):
     first = run.write(run.root / "a", nodeids=HALVES[0])
     second = run.write(run.root / "b", nodeids=HALVES[1], required=MODEL_ONLY)
     with pytest.raises(EvidenceError, match="profile model-only in .*, release in"):
-        evidence.merge([first, second], run.root)
+        merge([first, second], run.root)
 
 
 def test_a_signing_merge_refuses_unsigned_or_foreign_shards(run, key):
     signed = run.write(run.root / "a", nodeids=HALVES[0], key=key)
     unsigned = run.write(run.root / "b", nodeids=HALVES[1])
     with pytest.raises(EvidenceError) as error:
-        evidence.merge([signed, unsigned], run.root, key)
+        merge([signed, unsigned], run.root, key)
     assert error.value.kind == "unsigned"
     foreign = run.write(run.root / "c", nodeids=HALVES[1], key=Ed25519PrivateKey.generate())
     with pytest.raises(EvidenceError) as error:
-        evidence.merge([signed, foreign], run.root, key)
+        merge([signed, foreign], run.root, key)
     assert error.value.kind == "signature"
 
 

@@ -19,10 +19,14 @@ from in_toto_attestation.predicates.test_result.v0 import test_result_pb2
 from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
 from in_toto_attestation.v1.statement import Statement
 
-from h3gate import evidence, signing
-from h3gate.cli import EXIT_CODES, main
+from h3gate.cli import main
+from h3gate.cli.evidence import EXIT_CODES
+from h3gate.evidence import signing
+from h3gate.evidence.redaction import REDACTION_NAME, redact_xml
+from h3gate.evidence.signing import EvidenceError
+from h3gate.evidence.statement import SUMS_NAME, candidate_digest, name_problem, subjects
+from h3gate.evidence.verify import verify
 from h3gate.files import FileFormatError
-from h3gate.signing import EvidenceError
 from test_evidence import ENVIRONMENT, HOME, ITEMS, make_run, reseal_sums, rewrite_payload, statement_of
 
 MODEL_TEST = "tests/gates/test_model.py::test_model"
@@ -104,12 +108,12 @@ def test_the_statement_names_the_h3gate_that_wrote_it_and_when(tmp_path):
     ("a/\u202eb.bin", "control character U+202E"),
 ])
 def test_unsafe_subject_names_are_refused(tmp_path, name, says):
-    assert says in evidence.name_problem(name)
+    assert says in name_problem(name)
     run = make_run(tmp_path / "run")
     path = run.write(run.root)
     edit_statement(path, lambda statement: statement["subject"][0].update(name=name))
     with pytest.raises(EvidenceError, match=re.escape(says)) as error:
-        evidence.verify(path)
+        verify(path)
     assert error.value.kind == "malformed"
 
 
@@ -117,7 +121,7 @@ def test_an_artifact_outside_the_evidence_folder_is_refused_when_writing(tmp_pat
     outside = tmp_path / "outside.bin"
     outside.write_bytes(b"x")
     with pytest.raises(FileFormatError, match="'..' component: .*write artifacts under the evidence folder"):
-        evidence.subjects([outside], tmp_path / "out")
+        subjects([outside], tmp_path / "out")
 
 
 def test_printed_text_is_escaped(tmp_path):
@@ -129,7 +133,7 @@ def test_printed_text_is_escaped(tmp_path):
             if entry["annotations"]["role"] == "candidate":
                 entry["annotations"]["identity"]["name"] = "\x1b[1A\x1b[2KPASSED\u202e"
                 entry["name"] = "candidate:" + entry["annotations"]["identity"]["name"]
-                entry["digest"]["sha256"] = evidence.candidate_digest(entry["annotations"]["identity"])
+                entry["digest"]["sha256"] = candidate_digest(entry["annotations"]["identity"])
 
     edit_statement(path, rename)
     code, printed = run_cli("verify", path, "--allow-unsigned", "--expect-candidate", "h3_triton")
@@ -173,7 +177,7 @@ def test_sha256sums_must_agree_with_the_evidence(tmp_path, keys):
     key, public = keys
     run = make_run(tmp_path)
     path = run.write(tmp_path, key=key)
-    sums = tmp_path / evidence.SUMS_NAME
+    sums = tmp_path / SUMS_NAME
     original = sums.read_text()
     sums.write_text(original + f"{'0' * 64}  extra.bin\n")
     assert run_cli("verify", path, "--key", public)[0] == EXIT_CODES["digest"]
@@ -189,7 +193,7 @@ def test_redaction_json_must_be_the_one_signed(tmp_path, keys):
     key, public = keys
     run = make_run(tmp_path)
     path = run.write(tmp_path, key=key)
-    redaction = tmp_path / evidence.REDACTION_NAME
+    redaction = tmp_path / REDACTION_NAME
     record = json.loads(redaction.read_text())
     record["fields"] = {}
     redaction.write_text(json.dumps(record))
@@ -224,7 +228,7 @@ def test_junit_is_redacted_like_the_statement(tmp_path):
         f'<failure message="boom">{HOME}/h3/src/h3gate/gates/model.py:10: AssertionError</failure>'
         "</testcase></testsuite></testsuites>"
     )
-    evidence.redact_xml(junit, ENVIRONMENT)
+    redact_xml(junit, ENVIRONMENT)
     text = junit.read_text()
     assert "gpu-node" not in text and HOME not in text
     assert 'hostname="&lt;host&gt;"' in text and "~/h3/src/h3gate/gates/model.py:10" in text

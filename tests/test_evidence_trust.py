@@ -8,8 +8,9 @@ import re
 
 import pytest
 
-from h3gate import candidate_lock, evidence, profiles, signing
-from h3gate.cli import EXIT_CODES
+from h3gate.cli.evidence import EXIT_CODES
+from h3gate.evidence import candidate_lock, profiles, signing
+from h3gate.evidence.statement import candidate_digest, subjects, tool, write_sealed
 from h3gate.files import FileFormatError
 from test_evidence import CANDIDATE, make_run, reseal_sums, statement_of
 from test_evidence_hostile import edit_statement, run_cli
@@ -56,7 +57,7 @@ def test_the_candidate_lock_binds_identity_and_tool(tmp_path, keys):
     lock = tmp_path / "candidate.lock"
     candidate_lock.write(lock, CANDIDATE)
     line = one_line(run_cli("verify", path, "--key", public, "--expect-candidate-lock", lock), 0)
-    digest = evidence.candidate_digest(CANDIDATE)
+    digest = candidate_digest(CANDIDATE)
     assert f"candidate h3_triton {digest[:16]}" in line and re.search(r"h3gate \S+ source [0-9a-f]{16}", line)
     candidate_lock.write(lock, {**CANDIDATE, "provider_groups": ["attention"]})  # an op group swapped back
     printed = one_line(run_cli("verify", path, "--key", public, "--expect-candidate-lock", lock), EXIT_CODES["mismatch"])
@@ -75,7 +76,7 @@ def test_identity_writes_the_lock_of_a_candidate(tmp_path):
     code, printed = run_cli("identity", "--candidate", "provider", "--lock", tmp_path / "provider.lock")
     assert code == 0, printed
     lock = candidate_lock.read(tmp_path / "provider.lock")
-    assert f"provider {evidence.candidate_digest(lock.identity)}" in printed and lock.tool == evidence.tool()
+    assert f"provider {candidate_digest(lock.identity)}" in printed and lock.tool == tool()
     assert "--candidate SPEC" in one_line(run_cli("identity", "--lock", tmp_path / "x.lock"), 2)
 
 
@@ -102,7 +103,7 @@ def test_a_candidate_entry_inconsistent_with_its_identity_is_malformed_in_every_
     path = run.write(tmp_path, key=key)
     statement = statement_of(path)
     edit(statement)
-    evidence.write_sealed(tmp_path, statement, key)  # re-signed by the real key
+    write_sealed(tmp_path, statement, key)  # re-signed by the real key
     for trust in (["--key", public], ["--allow-unsigned"]):
         assert says in one_line(run_cli("verify", path, *trust, "--thresholds", run.thresholds), EXIT_CODES["malformed"])
 
@@ -127,7 +128,7 @@ def test_the_writer_refuses_a_name_sha256sums_would_split(tmp_path):
     artifact = tmp_path / "a\u2028b.bin"
     artifact.write_bytes(b"x")
     with pytest.raises(FileFormatError, match="control character U\\+2028"):
-        evidence.subjects([artifact], tmp_path)
+        subjects([artifact], tmp_path)
 
 
 def _special(path, kind):

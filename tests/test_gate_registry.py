@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from h3gate import gates as registry
-from h3gate import status
+from h3gate import gates as registry, status
 
 TOY_GATE = '''
 """A toy gate: the candidate's SwiGLU in bfloat16 against float64, bounded by 1.5 x the provider's error."""
@@ -195,7 +194,7 @@ def test_evidence_that_cannot_be_written_fails_the_run_and_keeps_the_results(pyt
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("h3gate.evidence.write_evidence", disk_full)
+    monkeypatch.setattr("h3gate.evidence.statement.write_evidence", disk_full)
     pytester.makepyfile(greedy_gate=OOM_GATE, conftest='''
 from h3gate.gates import SEEDS, Gate, register
 

@@ -11,13 +11,12 @@ import pytest
 import torch
 
 from broken import AudioTakesTextModulation
-from h3gate import bounds as bounds_mod
-from h3gate import candidates, generation_contract, resume
-from h3gate import gate_passes as passes
+from h3gate import bounds as bounds_mod, candidates
 from h3gate.candidates import Candidate, ProviderCandidate, source_digest
 from h3gate.files import FileFormatError, sha256_file
-from h3gate.gates import generation as gate
-from h3gate.pipeline import make_pipeline
+from h3gate.gates import generation as gate, passes
+from h3gate.generation import contract as generation_contract, resume
+from h3gate.generation.pipeline import make_pipeline
 
 from conftest import THRESHOLDS
 
@@ -370,7 +369,7 @@ def test_a_text_encoder_built_for_an_encoding_is_dropped_after_it(tiny, tmp_path
     """The release preset's components come without their 47 GiB text encoder: one is built only when an encoding
     is missing, encodes every workflow of the contract still missing and is freed after it (tiny's components stand
     in for release's here)."""
-    from h3gate.pipeline_components import build_components
+    from h3gate.generation.components import build_components
 
     contract = generation_contract.load(write_contract(tmp_path / "thresholds", source=PREFLIGHT, workflow=["t2va", "fl2va"]))
     reference, _ = gate.encodings(tiny, contract, "t2va", gate._components(tiny.source, "cpu"), "cpu", tmp_path / "ref")

@@ -10,7 +10,7 @@ import pytest
 import soundfile
 
 from conftest import ROOT
-from h3gate import metrics
+from h3gate.generation import metrics
 
 FRAMES, SIZE = 6, 32
 C1 = (0.01 * 1.0) ** 2  # SSIM's luminance constant at data_range 1

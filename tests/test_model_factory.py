@@ -10,15 +10,16 @@ import pytest
 import torch
 
 from h3gate import files
-from h3gate.checkpoint import load_checkpoint
-from h3gate.model import ModelError, build_preset, load_model
+from h3gate.model.checkpoint import load_checkpoint
+from h3gate.model.factory import build_preset, load_model
+from h3gate.model.identity import ModelError
 
 
 def test_preset_is_bitwise_identical_across_builds_and_processes(tiny):
     again = build_preset("tiny")
     for (name, a), (_, b) in zip(tiny.transformer.named_parameters(), again.transformer.named_parameters()):
         assert a.dtype == b.dtype and torch.equal(a, b), name
-    script = "from h3gate.model import build_preset; print(build_preset('tiny').identity)"
+    script = "from h3gate.model.factory import build_preset; print(build_preset('tiny').identity)"
     other_process = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert other_process.stdout.strip() == tiny.identity
 

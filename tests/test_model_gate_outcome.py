@@ -11,11 +11,9 @@ import xml.etree.ElementTree as ET
 import pytest
 
 from h3gate import bounds as bounds_mod
-from h3gate import gate_passes as passes
-from h3gate import generation_contract
-from h3gate.contract import load_model_contract
-from h3gate.gates import generation as gate
-from h3gate.gates import model as model_gate
+from h3gate.gates import generation as gate, model as model_gate, passes
+from h3gate.generation import contract as generation_contract
+from h3gate.model.contract import load_model_contract
 
 from conftest import THRESHOLDS
 

@@ -7,8 +7,8 @@ import torch
 from conftest import THRESHOLDS
 from h3gate import op_calls
 from h3gate.candidates import ProviderCandidate
+from h3gate.candidates.mutants import MutantCandidate
 from h3gate.gates import kernel as kernel_gate
-from h3gate.mutants import MutantCandidate
 
 
 @pytest.fixture(scope="module")

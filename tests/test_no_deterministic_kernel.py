@@ -10,12 +10,9 @@ import torch
 
 from broken import NoDeterministicKernel
 from conftest import THRESHOLDS
-from h3gate import bounds, numerics, power
-from h3gate import op_registry
+from h3gate import bounds, numerics, op_registry
 from h3gate.candidates import ProviderCandidate
-from h3gate.gates import block as block_gate
-from h3gate.gates import kernel as kernel_gate
-from h3gate.gates import model as model_gate
+from h3gate.gates import block as block_gate, kernel as kernel_gate, model as model_gate, power
 
 REASON = "no deterministic kernel: under torch.use_deterministic_algorithms(True) the candidate raised RuntimeError: " \
          "No available kernel. Aborting execution.; it runs without them"

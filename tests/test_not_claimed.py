@@ -5,13 +5,14 @@ import json
 
 import pytest
 
-from h3gate import gates as registry
-from h3gate import evidence, profiles, provider_ops
+from h3gate import gates as registry, op_registry
 from h3gate.candidates import replace
+from h3gate.evidence import profiles
+from h3gate.evidence.signing import open_envelope
+from h3gate.evidence.verify import verify
 from h3gate.gates import kernel
-from h3gate.signing import open_envelope
 
-HALF_SWIGLU = replace("half-swiglu", {"swiglu": provider_ops.OPS["swiglu"]}, supports={"dtypes": ["bfloat16"]})
+HALF_SWIGLU = replace("half-swiglu", {"swiglu": op_registry.provider_ops()["swiglu"]}, supports={"dtypes": ["bfloat16"]})
 
 
 def _run(**params):
@@ -53,10 +54,10 @@ def test_not_claimed_is_neither_a_pass_nor_a_gap():
 
 
 CONFTEST = '''
-from h3gate import provider_ops
+from h3gate import op_registry
 from h3gate.candidates import register, replace
 
-register("half-swiglu", replace("half-swiglu", {"swiglu": provider_ops.OPS["swiglu"]}, supports={"dtypes": ["bfloat16"]}))
+register("half-swiglu", replace("half-swiglu", {"swiglu": op_registry.provider_ops()["swiglu"]}, supports={"dtypes": ["bfloat16"]}))
 '''
 
 TEST = '''
@@ -82,5 +83,5 @@ def test_the_evidence_records_unclaimed_items_apart(pytester):
     assert len(statement["predicate"]["h3"]["completeness"]["not_claimed"]) == 3
     assert statement["predicate"]["passedTests"] == ["test_half.py::test_kernel[swiglu-bfloat16]"]
     only_kernel = profiles.Profile("kernel-only", (profiles.Requirement("kernel"),))
-    verified = evidence.verify(pytester.path / "h3-out", thresholds=pytester.path / "thresholds", required=only_kernel)
+    verified = verify(pytester.path / "h3-out", thresholds=pytester.path / "thresholds", required=only_kernel)
     assert verified.result == profiles.PASSED

@@ -1,5 +1,5 @@
 """The op contract where the model runs: the first call of each op in every run of a candidate is held to the
-provider's dtype, shape, device, owned memory and unchanged inputs (:mod:`h3gate.op_contract`), so a kernel that
+provider's dtype, shape, device, owned memory and unchanged inputs (:mod:`h3gate.candidates.op_invariants`), so a kernel that
 breaks it at the model's own shapes gets a verdict naming the op, not a crash in the next op."""
 
 import json
@@ -9,8 +9,7 @@ import torch
 
 from h3gate import op_registry
 from h3gate.candidates import CandidateError, ProviderCandidate, replace
-from h3gate.gates import kernel as kernel_gate
-from h3gate.gates import model as model_gate
+from h3gate.gates import kernel as kernel_gate, model as model_gate
 
 
 def in_place_residual(residual, gate, y, idx=None):
@@ -94,8 +93,7 @@ def even_rows_only(h):
 
 
 def test_the_kernel_gate_qualifies_the_shapes_a_kernel_takes_and_records_those_it_declines():
-    from h3gate.gates import NotClaimed
-    from h3gate.gates import kernel as kernel_gate
+    from h3gate.gates import NotClaimed, kernel as kernel_gate
 
     result = kernel_gate.check(replace("even-rows", {"swiglu": even_rows_only})(), "swiglu", "cpu",
                                dtypes=("bfloat16",), max_examples=4, shrink=False)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from h3gate import signing
 from h3gate.cli import main
+from h3gate.evidence import signing
 
 from conftest import THRESHOLDS
 

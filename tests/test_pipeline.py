@@ -15,7 +15,7 @@ import torch
 from diffusers import MiniMaxH3Transformer3DModel
 from diffusers.modular_pipelines.minimax_h3.before_denoise import patchify_video_latents
 
-from h3gate.pipeline import (
+from h3gate.generation.pipeline import (
     COMPONENT_CONFIGS,
     REFERENCE_IMAGE_SHA256,
     build_components,
@@ -24,7 +24,7 @@ from h3gate.pipeline import (
     make_pipeline,
     reference_image_path,
 )
-from h3gate.presets import TRANSFORMER_CONFIGS
+from h3gate.model.presets import TRANSFORMER_CONFIGS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -64,7 +64,7 @@ def other_process():
     """A second interpreter fingerprinting its own build, started first so that its imports (the bulk of its time)
     overlap this module's generations; the last test reads it."""
     script = "\n".join(
-        ["import hashlib, json, torch", "from h3gate.pipeline import build_components", inspect.getsource(fingerprint)]
+        ["import hashlib, json, torch", "from h3gate.generation.pipeline import build_components", inspect.getsource(fingerprint)]
         + ["print(fingerprint(build_components('tiny', 0)))"]
     )
     process = subprocess.Popen(

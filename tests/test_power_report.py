@@ -1,7 +1,7 @@
 """The power report's verdict, apart from the gates it runs (``tests/gates/test_power.py`` runs them all)."""
 
-from h3gate import power
 from h3gate.candidates import ProviderCandidate
+from h3gate.gates import power
 
 
 def _report(**kernel_items) -> power.Report:

@@ -7,8 +7,18 @@ import torch
 from diffusers import MiniMaxH3Transformer3DModel
 
 from h3gate import status
-from h3gate.model import ModelError, _materialised, keeps_fp32, load_model
-from h3gate.presets import LAYERS_VARIABLE, PRESETS, RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS, release_layers, release_name
+from h3gate.model import spec
+from h3gate.model.factory import _materialised, keeps_fp32, load_model
+from h3gate.model.identity import ModelError
+from h3gate.model.presets import (
+    LAYERS_VARIABLE,
+    PRESETS,
+    RELEASE,
+    RELEASE_CONFIG,
+    TRANSFORMER_CONFIGS,
+    release_layers,
+    release_name,
+)
 
 
 def test_release_config_is_diffusers_default():
@@ -32,9 +42,9 @@ def test_layers_come_from_the_argument_or_the_environment(monkeypatch):
     assert release_layers() == 50 and release_name(50) == "release"
     monkeypatch.setenv(LAYERS_VARIABLE, "4")
     assert release_layers() == 4 and release_layers(2) == 2 and release_name(4) == "release-layers4"
-    assert status.model_name(RELEASE) == "release-layers4" and status.num_layers(RELEASE) == 4
-    assert status.model_source(RELEASE, 3) == "preset:release:seed=3:layers=4"
-    assert status.transformer_config(RELEASE) == {**RELEASE_CONFIG, "num_layers": 4}
+    assert spec.model_name(RELEASE) == "release-layers4" and spec.num_layers(RELEASE) == 4
+    assert spec.model_source(RELEASE, 3) == "preset:release:seed=3:layers=4"
+    assert spec.transformer_config(RELEASE) == {**RELEASE_CONFIG, "num_layers": 4}
     assert status.default_device(RELEASE) == "cuda"
     assert status.freeze_command("tests/gates/test_model.py", RELEASE, "cuda").startswith(
         "H3GATE_LAYERS=4 pytest tests/gates/test_model.py --h3-freeze --h3-model=release --h3-device=cuda")
@@ -67,7 +77,7 @@ def test_materialised_model_is_seeded_per_parameter_at_checkpoint_precision():
 def test_release_components_fit_the_release_transformer_and_are_built_on_cuda_only():
     from diffusers import AutoencoderKLMiniMaxH3
 
-    from h3gate.pipeline_components import RELEASE_COMPONENTS, build_components
+    from h3gate.generation.components import RELEASE_COMPONENTS, build_components
 
     vae_defaults = inspect.signature(AutoencoderKLMiniMaxH3.__init__).parameters
     assert vae_defaults["latent_channels"].default == RELEASE_CONFIG["in_channels"]

@@ -5,7 +5,7 @@ import json
 import pytest
 from matplotlib.image import imread
 
-from h3gate import report, signing
+from h3gate.evidence import review as report, signing
 from h3gate.verdict import Check
 from test_evidence import MODEL_ONLY, make_run
 

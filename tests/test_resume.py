@@ -17,8 +17,8 @@ import pytest
 import torch
 from filelock import FileLock
 
-from h3gate import generation_contract, resume
 from h3gate.gates.generation import run_generation
+from h3gate.generation import contract as generation_contract, resume
 
 from conftest import THRESHOLDS
 
@@ -320,9 +320,9 @@ STEPS = 25  # 24 transformer calls of ~30 ms: room to land a kill inside the loo
 WORKER = """
 import sys, torch
 torch.set_num_threads(1)
-from h3gate import generation_contract
 from h3gate.gates.generation import run_generation
-from h3gate.model import build_preset
+from h3gate.generation import contract as generation_contract
+from h3gate.model.factory import build_preset
 generation = run_generation(build_preset("tiny"), generation_contract.load(sys.argv[1]), 42, "cpu", sys.argv[2], progress=sys.stderr)
 print("reused" if generation.reused else "generated", flush=True)
 """

@@ -11,16 +11,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from conftest import THRESHOLDS
-from h3gate import bounds, evidence, files, generation_contract, resume, signing
+from h3gate import bounds, files
+from h3gate.evidence import signing
+from h3gate.evidence.statement import statement_of
+from h3gate.generation import contract as generation_contract, resume
 from safetensors.torch import save
 
 from h3gate.block_program import PROVIDER_OPS, Installation
 from h3gate.bounds import BoundsError
 from h3gate.candidates import Candidate, CandidateError
-from h3gate.contract import load_model_contract
 from h3gate.files import FileFormatError, WriteError
-from h3gate.gates import block as block_gate
-from h3gate.gates import model as model_gate
+from h3gate.gates import block as block_gate, model as model_gate
+from h3gate.model.contract import load_model_contract
 
 JSON = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**40), 2**40) | st.floats(allow_nan=False) | st.text(max_size=12),
@@ -63,7 +65,7 @@ def _loaders(tmp_path):
         "evidence": (
             {"payloadType": signing.PAYLOAD_TYPE, "payload": "e30=", "signatures": []},
             tmp_path / "evidence.json",
-            lambda path: evidence.statement_of(signing.open_envelope(path)),
+            lambda path: statement_of(signing.open_envelope(path)),
             (signing.EvidenceError,),
         ),
     }

@@ -1,6 +1,6 @@
 """The session's evidence digests every file its results name, wherever in a result's context they are named."""
 
-from pytest_h3.report import _artifacts
+from pytest_h3.session_evidence import _artifacts
 
 
 def test_the_generation_gates_workflow_artifacts_are_evidence(tmp_path):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from h3gate.signing import keygen
+from h3gate.evidence.signing import keygen
 
 PASSING = """
 def test_plain():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from h3gate.files import sha256_file
-from h3gate.resume import FINISHED_FILE
+from h3gate.generation.resume import FINISHED_FILE
 
 from conftest import ROOT
 

@@ -61,7 +61,7 @@ from h3gate.block_program import PROVIDER_OPS, transformer_block_forward
 from h3gate.candidates import Candidate
 from h3gate.compare import compare
 from h3gate.measure import blamed_on, check_finite, timed
-from h3gate.model import Model
+from h3gate.model.identity import Model
 
 HEAD = ("norm_out", "proj_out", "audio_proj_out")  # the modules diffusers' forward runs after the block stack
 MATH = "_native_math"  # the attention backend whose runs' blocks go through the block program, in query chunks

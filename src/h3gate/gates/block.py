@@ -32,16 +32,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import load as safetensors_load
 
-from h3gate import bounds as bounds_mod
-from h3gate import coverage, numerics, seeded
+from h3gate import bounds as bounds_mod, numerics, seeded
 from h3gate.block_program import BLOCK_TAP_POINTS, OP_GROUPS, PROVIDER_OPS, TAP_POINT, transformer_block_forward
-from h3gate.candidates import Candidate, CandidateError
+from h3gate.candidates import Candidate, CandidateError, coverage
 from h3gate.compare import relative_l2, ulp_distance
-from h3gate.contract import ModelContract, load_model_contract, model_inputs
 from h3gate.files import FileFormatError, dumps, sha256_bytes, sha256_file, write_atomic
 from h3gate.gates.model import contract_of, frozen_for_contract, inventory_checks
 from h3gate.measure import timed
-from h3gate.model import Model
+from h3gate.model.contract import ModelContract, load_model_contract, model_inputs
+from h3gate.model.identity import Model
 from h3gate.taps import TapStore
 from h3gate.verdict import Check, GateResult, no_deterministic_kernel, repeatability
 

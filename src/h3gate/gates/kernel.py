@@ -30,9 +30,10 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from h3gate import numerics, op_calls, op_contract, op_registry
+from h3gate import numerics, op_calls, op_registry
+from h3gate.candidates import op_invariants
 from h3gate.compare import bias, max_abs, relative_l2
-from h3gate.presets import RELEASE
+from h3gate.model.presets import RELEASE
 from h3gate.verdict import Check, GateResult, no_deterministic_kernel
 
 GATE = "kernel"
@@ -570,7 +571,7 @@ def _contract_checks(label: str, dtype_name: str, candidate: _Run, provider: _Ru
     checks = [_verdict(f"{label}.inputs", "inputs_unchanged", f"changed in place: {', '.join(changed)}" if changed else None,
                        {"output": "inputs", "dtype": dtype_name})]
     for name, got in candidate.results.items():
-        breach = op_contract.breach(got, provider.results[name], candidate.inputs)
+        breach = op_invariants.breach(got, provider.results[name], candidate.inputs)
         checks.append(_verdict(f"{label}.{name}", "output_contract", breach, {"output": name, "dtype": dtype_name}))
     return checks
 
@@ -594,7 +595,7 @@ def _fresh_checks(label: str, dtype_name: str, first: _Run, again: _Run) -> list
     buffer on every call overwrites the result its caller kept from the call before."""
     checks = []
     for name, got in again.results.items():
-        shared = [earlier for earlier, kept in first.results.items() if op_contract.shares_storage(got, kept)]
+        shared = [earlier for earlier, kept in first.results.items() if op_invariants.shares_storage(got, kept)]
         problem = f"shares storage with the previous call's {', '.join(shared)}" if shared else None
         checks.append(_verdict(f"{label}.{name}", "output_fresh", problem, {"output": name, "dtype": dtype_name}))
     return checks

@@ -5,7 +5,7 @@ golden; their relative L2 to golden per tap gives the bounds by the ensemble rul
 report) and the candidate streamed against golden; per tap the candidate's relative L2 to golden must not exceed
 its bound; the run's tap inventory must equal the bounds' keys; a gradient that is exactly zero where golden's is
 not fails whatever its bound; non-finite output is an error naming the tap; a replaced op that served none of its
-calls fails (:mod:`h3gate.coverage`).
+calls fails (:mod:`h3gate.candidates.coverage`).
 
 Every run is streamed (:func:`h3gate.streaming.stream_errors`): golden made one block at a time, the compared runs
 in lockstep with it, every tap reduced to its errors as it appears, the backward recomputing each block from its
@@ -18,12 +18,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from h3gate import bounds as bounds_mod
-from h3gate import coverage, numerics
-from h3gate.candidates import Candidate, CandidateError
-from h3gate.contract import ModelContract, load_model_contract, model_inputs
+from h3gate import bounds as bounds_mod, numerics
+from h3gate.candidates import Candidate, CandidateError, coverage
 from h3gate.files import sha256_file
-from h3gate.model import Model
+from h3gate.model.contract import ModelContract, load_model_contract, model_inputs
+from h3gate.model.identity import Model
 from h3gate.streaming import stream_errors
 from h3gate.verdict import Check, GateResult, no_deterministic_kernel, repeatability
 

@@ -91,17 +91,18 @@ class ProgramCandidate(Candidate):
 
     def install(self, transformer):
         """The block program over the kernels, the first call of each held to the op contract
-        (:mod:`h3gate.op_contract`): a breach is a :class:`CandidateError` naming the op, a verdict of the gate."""
+        (:mod:`h3gate.candidates.op_invariants`): a breach is a :class:`CandidateError` naming the op, a verdict of the gate."""
         from h3gate.block_program import PROVIDER_OPS, Installation, ops_from_kernels
-        from h3gate.op_contract import first_calls_checked
-        from h3gate.provider_ops import OPS as PROVIDER
+        from h3gate.candidates.op_invariants import first_calls_checked
+        from h3gate.op_registry import provider_ops
 
         def breach(op: str, problem: str):
             raise CandidateError(f"candidate {self.name}: {op} broke the op contract on its first call of the run: "
                                  f"{problem}; the kernel gate shows where (pytest -m gate -k {op})")
 
-        own = {op: kernel for op, kernel in self.kernels.items() if kernel is not PROVIDER[op]}  # the provider's keep it
-        kernels = self._program_kernels({**self.kernels, **first_calls_checked(own, PROVIDER, breach)})
+        provider = provider_ops()
+        own = {op: kernel for op, kernel in self.kernels.items() if kernel is not provider[op]}  # the provider's keep it
+        kernels = self._program_kernels({**self.kernels, **first_calls_checked(own, provider, breach)})
         return Installation(transformer, ops_from_kernels(kernels).mixed(PROVIDER_OPS, self.provider_groups))
 
     def _derived(self, kernels: dict, provider_groups) -> "ProgramCandidate":
@@ -134,9 +135,9 @@ class ProviderCandidate(Candidate):
         return self
 
     def kernel_ops(self) -> dict[str, Callable]:
-        from h3gate.provider_ops import OPS
+        from h3gate.op_registry import provider_ops
 
-        return dict(OPS)
+        return provider_ops()
 
     def with_kernel_ops(self, overrides: dict) -> Candidate:
         return ProgramCandidate({**self.kernel_ops(), **overrides}, name="provider-ops")
@@ -263,22 +264,23 @@ class Replacement:
 
 class ReplacedCandidate(ProgramCandidate):
     """The provider with some ops replaced: the kernel gate qualifies those ops only, at the dtypes declared. In the
-    model, block and generation gates each replaced op runs counted (:mod:`h3gate.coverage`), so an op that
+    model, block and generation gates each replaced op runs counted (:mod:`h3gate.candidates.coverage`), so an op that
     declines every call (returns ``NotImplemented``) is caught as a kernel that never ran."""
 
     def __init__(self, name: str, ops: dict, supports: dict, options: dict):
-        from h3gate.coverage import Coverage
-        from h3gate.provider_ops import OPS as PROVIDER
+        from h3gate.candidates.coverage import Coverage
+        from h3gate.op_registry import provider_ops
 
         _check_ops(name, ops)
         self.replaced, self.supports, self.options = dict(ops), supports, options
         self.coverage = Coverage(self.replaced)
-        super().__init__({**PROVIDER, **ops}, name=name)
+        super().__init__({**provider_ops(), **ops}, name=name)
 
     def _program_kernels(self, kernels: dict) -> dict:
-        from h3gate.provider_ops import OPS as PROVIDER
+        from h3gate.op_registry import provider_ops
 
-        counted = {op: self.coverage.counted(op, kernels[op], PROVIDER[op]) for op in self.replaced}
+        provider = provider_ops()
+        counted = {op: self.coverage.counted(op, kernels[op], provider[op]) for op in self.replaced}
         return {**kernels, **counted}
 
     @functools.cached_property

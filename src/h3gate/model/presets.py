@@ -65,7 +65,7 @@ TRANSFORMER_CONFIGS = {
 PRESETS = tuple(TRANSFORMER_CONFIGS)
 
 # The release transformer (H3_FACTS): diffusers' MiniMaxH3Transformer3DModel defaults, which a test holds equal.
-# Built in-process on a GPU with random weights by ``h3gate.model.build_release``; not one of PRESETS, which the
+# Built in-process on a GPU with random weights by ``h3gate.model.factory.build_release``; not one of PRESETS, which the
 # CPU suite and ``make gate`` iterate: it needs about 70 GiB of GPU memory.
 RELEASE = "release"
 RELEASE_CONFIG = dict(

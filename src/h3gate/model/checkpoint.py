@@ -1,5 +1,5 @@
 """Checkpoint folders in the published MiniMax-H3 layout: read through diffusers' and transformers' own loaders, and
-refused with one line naming the file when they cannot serve a gate (:mod:`h3gate.checkpoint_writer` writes them).
+refused with one line naming the file when they cannot serve a gate (:mod:`h3gate.model.checkpoint_writer` writes them).
 
 The layout, and where each fact comes from (diffusers 0.42.1, transformers 5.24):
 
@@ -47,16 +47,16 @@ from diffusers.modular_pipelines import MiniMaxH3Blocks
 from safetensors import SafetensorError, safe_open
 from transformers import PreTrainedModel
 
-from h3gate import status
 from h3gate.files import file_digests
-from h3gate.model import Model, ModelError, model_identity, plain_config
-from h3gate.pipeline_components import ImageOnlyQwen3VLProcessor
+from h3gate.generation.components import ImageOnlyQwen3VLProcessor
+from h3gate.model import spec
+from h3gate.model.identity import Model, ModelError, model_identity, plain_config
 
 INDEX = "model_index.json"
 MODULAR_INDEX = "modular_model_index.json"
 PUBLISHED_REPOSITORY = "MiniMaxAI/MiniMax-H3"
 PIPELINE_CLASS = "MiniMaxH3ModularPipeline"
-TRANSFORMER_CLASS = status.TRANSFORMER_CLASS
+TRANSFORMER_CLASS = spec.TRANSFORMER_CLASS
 TRANSFORMERS = ("transformer", "transformer_ref")
 SAVED_DTYPES = {
     "transformer": torch.bfloat16,
@@ -110,10 +110,10 @@ def transformer_folder(path: str | os.PathLike) -> Path:
     if not root.is_dir():
         raise CheckpointError(f"{root}: not a folder; pass a diffusers MiniMax-H3 checkpoint folder")
     index = read_index(root)
-    folder = status.transformer_folder(root)
+    folder = spec.transformer_folder(root)
     if folder is None and index is not None:
         _missing(root, "transformer")
-    problem = status.not_a_checkpoint(root)
+    problem = spec.not_a_checkpoint(root)
     if problem:
         raise CheckpointError(problem)
     return folder
@@ -217,7 +217,7 @@ def load_checkpoint(path: str | os.PathLike) -> Model:
     transformer.eval()
     config = plain_config(transformer)
     return Model(
-        name=status.model_name(str(root)),
+        name=spec.model_name(str(root)),
         source=str(root),
         transformer=transformer,
         identity=model_identity(config, _files_digest(root, checkpoint_files(root))),
@@ -240,8 +240,8 @@ def components_digest(path: str | os.PathLike) -> str:
 
 def load_components(path: str | os.PathLike) -> dict[str, object]:
     """Every component of a checkpoint folder but the transformers, through each class's ``from_pretrained``, plus
-    the pipeline's canvas configs from ``model_index.json``: what :func:`h3gate.pipeline.make_pipeline` takes, as
-    :func:`h3gate.pipeline_components.build_components` returns it for a preset."""
+    the pipeline's canvas configs from ``model_index.json``: what :func:`h3gate.generation.pipeline.make_pipeline` takes, as
+    :func:`h3gate.generation.components.build_components` returns it for a preset."""
     root = Path(path).resolve()
     index = read_index(root)
     if index is None:

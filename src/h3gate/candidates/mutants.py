@@ -5,7 +5,7 @@ wraps one standalone op of a base candidate (``h3_triton`` by default, any progr
 that it computes exactly what the buggy kernel would — a dropped key tile *is* attention over fewer keys, RoPE
 on the wrong half *is* RoPE on permuted channels — and the rest of the candidate stays as it is. They are
 candidates in their own right (``--h3-candidate mutant:<name>``); each docstring names the gates meant to
-catch it, which :mod:`h3gate.power` checks.
+catch it, which :mod:`h3gate.gates.power` checks.
 """
 
 from __future__ import annotations

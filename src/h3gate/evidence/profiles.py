@@ -2,7 +2,7 @@
 
 Kept apart from signing and statement building so the plugin's ledger and report can name outcomes and
 profiles without loading a cryptography library. The verdict of a run is computed here and only here, from
-its tests: :mod:`h3gate.evidence` records it, and verification recomputes it with the same functions.
+its tests: :mod:`h3gate.evidence.statement` records it, and verification recomputes it with the same functions.
 
 A run's verdict is ``PASSED``, ``FAILED`` or ``INCOMPLETE``: INCOMPLETE is a run that lacks a verdict on a gate
 its completeness profile requires (skipped, deselected, crashed). The in-toto test-result predicate knows only

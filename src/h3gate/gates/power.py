@@ -8,7 +8,7 @@ least one of its op's mutants: a mutant counts as caught when any item of its op
 fail (a dtype whose checks cannot see any of the bugs) would hide behind its sibling. Taps of the model gate that
 no mutant pushed past their bound are listed as non-discriminating: a bound nothing can exceed proves nothing.
 
-The mutants wrap a base candidate's standalone ops (:mod:`h3gate.mutants`). On a GPU the base is the product,
+The mutants wrap a base candidate's standalone ops (:mod:`h3gate.candidates.mutants`). On a GPU the base is the product,
 ``h3_triton``; on a CPU, where Triton's interpreter makes each h3_triton gate run take minutes, the base can be
 the provider's own ops: the bug is emulated exactly the same way around either base, so what is measured — can
 the gate see this bug — is the same.
@@ -23,13 +23,11 @@ from pathlib import Path
 
 import torch
 
-from h3gate import numerics
+from h3gate import gates as gate_registry, numerics, op_registry
 from h3gate.block_program import PROVIDER_OPS, Installation
-from h3gate.gates.kernel import OPS as KERNEL_OPS, shared_torch_side
 from h3gate.candidates import Candidate, CandidateError
-from h3gate import gates as gate_registry
-from h3gate.mutants import MUTANTS, MutantCandidate
-from h3gate.provider_ops import OPS as PROVIDER_KERNELS
+from h3gate.candidates.mutants import MUTANTS, MutantCandidate
+from h3gate.gates.kernel import OPS as KERNEL_OPS, shared_torch_side
 from h3gate.verdict import Check, GateResult
 
 GATE = "power"
@@ -82,7 +80,7 @@ class VariantCandidate(Candidate):
 
             return op
 
-        return {name: under_mode(fn) for name, fn in PROVIDER_KERNELS.items()}
+        return {name: under_mode(fn) for name, fn in op_registry.provider_ops().items()}
 
 
 @dataclass

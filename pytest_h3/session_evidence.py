@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 
-from h3gate import environment, profiles
+from h3gate.evidence import environment, profiles
 
 
 def device_facts(device: str) -> dict:
@@ -61,7 +61,8 @@ EVIDENCE_JUNIT = "evidence-junit.xml"
 
 
 def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
-    from h3gate import evidence  # loads cryptography (signing): only where evidence is written
+    from h3gate.evidence import redaction, statement  # loads cryptography (signing): only where evidence is written
+
     results = session.ledger.results
     contexts = [r.get("context", {}) for r in results.values()]
     model = next((c["model"] for c in contexts if "model" in c), None)
@@ -73,12 +74,12 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
     junit = session.config.getoption("xmlpath", None)
     if junit and Path(junit).is_file():
         if Path(session.out).resolve() in Path(junit).resolve().parents:
-            evidence.redact_xml(Path(junit), facts)
-            extra.append(evidence.keep_copy(Path(junit), Path(session.out) / EVIDENCE_JUNIT))
+            redaction.redact_xml(Path(junit), facts)
+            extra.append(statement.keep_copy(Path(junit), Path(session.out) / EVIDENCE_JUNIT))
         else:
             session.summary.append(f"{junit} is not evidence: only files under --h3-out are (--junitxml=OUT/junit.xml)")
     key = session.sign_key
-    path, statement = evidence.write_evidence(
+    path, sealed = statement.write_evidence(
         session.out,
         results,
         outcomes,
@@ -93,7 +94,7 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
     )
     if key is None:
         session.summary.append("evidence is UNSIGNED: pass --h3-sign-key or set H3GATE_SIGN_KEY to sign it")
-    session.summary.append(verdict_line(statement))
+    session.summary.append(verdict_line(sealed))
     return path
 
 

@@ -3,7 +3,7 @@
 DSSE is the envelope supply-chain tools already read, so a reviewer can check evidence with any DSSE verifier,
 not only with this tool. Ed25519 comes from ``cryptography``: the maintained OpenSSL binding, shipped as wheels
 everywhere, and it reads the PEM keys :func:`keygen` writes. This is the only module that imports it, so what
-needs only profiles and verdicts (:mod:`h3gate.profiles`) loads without it.
+needs only profiles and verdicts (:mod:`h3gate.evidence.profiles`) loads without it.
 
 The signing key comes from a PEM file path, or else from ``H3GATE_SIGN_KEY``, which holds the PEM *text*
 (CI secret stores hand out contents, not files); a path in the variable is refused, not guessed at.

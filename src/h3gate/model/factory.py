@@ -16,38 +16,19 @@ same weights.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import inspect
 import json
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from diffusers import MiniMaxH3Transformer3DModel
 
-from h3gate.presets import PRESETS, RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS, release_layers, release_name
+from h3gate.model.checkpoint import load_checkpoint
+from h3gate.model.identity import Model, ModelError, model_identity, plain_config, tensor_digest
+from h3gate.model.presets import PRESETS, RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS, release_layers, release_name
 from h3gate.seeded import normal
-
-
-class ModelError(ValueError):
-    """A model source that cannot be used: names the source and what is wrong with it."""
-
-
-@dataclass
-class Model:
-    """A transformer at checkpoint precision with its identity."""
-
-    name: str  # preset name or checkpoint folder name; names the thresholds/ folder
-    source: str  # "preset:<name>:seed=<n>" or the checkpoint path
-    transformer: MiniMaxH3Transformer3DModel
-    identity: str  # sha256 hex of config + weights
-    config: dict = field(default_factory=dict)
-
-    def golden_transformer(self) -> MiniMaxH3Transformer3DModel:
-        """A float32 copy of the checkpoint weights: the golden run's model."""
-        return copy.deepcopy(self.transformer).float()
 
 
 def keeps_fp32(param_name: str, transformer_cls=MiniMaxH3Transformer3DModel) -> bool:
@@ -91,27 +72,6 @@ def _to_checkpoint_precision(transformer: MiniMaxH3Transformer3DModel) -> None:
     for name, param in transformer.named_parameters():
         if not keeps_fp32(name):
             param.data = param.data.to(torch.bfloat16)
-
-
-def tensor_digest(state: dict) -> str:
-    """sha256 over every tensor's name, dtype, shape and bytes, in name order: equal digests, equal weights."""
-    digest = hashlib.sha256()
-    for name in sorted(state):
-        tensor = state[name].detach().cpu().contiguous()
-        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
-
-
-def model_identity(config: dict, weights_digest: str) -> str:
-    """The identity of a transformer config and a digest of its weights."""
-    canonical = json.dumps({"config": config, "weights": weights_digest}, sort_keys=True, default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
-
-
-def plain_config(transformer) -> dict:
-    """The transformer's config as plain JSON values, without diffusers' private keys."""
-    return json.loads(json.dumps({k: v for k, v in transformer.config.items() if not k.startswith("_")}, default=list))
 
 
 def build_preset(name: str, seed: int = 0) -> Model:
@@ -211,7 +171,5 @@ def load_model(spec: str, seed: int = 0) -> Model:
     if spec == RELEASE:
         return build_release(seed)
     if os.sep in spec or Path(spec).exists():
-        from h3gate.checkpoint import load_checkpoint  # checkpoint builds on this module
-
         return load_checkpoint(spec)
     raise ModelError(f"unknown model {spec!r}: use one of {', '.join(PRESETS)} or the path of a checkpoint folder")

@@ -26,7 +26,7 @@ from transformers import Qwen3VLProcessor
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
 from h3gate import seeded
-from h3gate.presets import RELEASE
+from h3gate.model.presets import RELEASE
 
 _SPECIAL_TOKENS = (
     "<|endoftext|>",

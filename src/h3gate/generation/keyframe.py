@@ -27,7 +27,7 @@ def load_reference_image(path: Path | None = None) -> Image.Image:
     if digest != REFERENCE_IMAGE_SHA256:
         raise ValueError(
             f"Reference image {path} has sha256 {digest}, expected {REFERENCE_IMAGE_SHA256}: restore the committed "
-            "file (git checkout src/h3gate/assets/reference_keyframe.png) rather than editing it."
+            "file (git checkout src/h3gate/generation/assets/reference_keyframe.png) rather than editing it."
         )
     with Image.open(io.BytesIO(data)) as image:
         return image.convert("RGB")

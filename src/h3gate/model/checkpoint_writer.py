@@ -1,4 +1,4 @@
-"""Writing a checkpoint folder in the published MiniMax-H3 layout (:mod:`h3gate.checkpoint` says where each fact of
+"""Writing a checkpoint folder in the published MiniMax-H3 layout (:mod:`h3gate.model.checkpoint` says where each fact of
 the layout comes from), component by component and each model shard by shard, so no model is ever whole in memory:
 the release preset's folder is about 190 GB (two 62 GiB transformers, a 47 GiB text encoder, 10 GiB of VAEs) and is
 written with about one shard of host memory beside the VAEs.
@@ -18,7 +18,7 @@ Where the weights come from:
 
 - the embedded presets' models are built whole (they are small) and their tensors written as they are;
 - the release transformers are drawn one parameter at a time with the presets' init
-  (:func:`h3gate.model.drawn_parameter`), the release text encoder one module at a time by transformers' own
+  (:func:`h3gate.model.factory.drawn_parameter`), the release text encoder one module at a time by transformers' own
   ``_init_weights``, each under a seed of its name. These use torch's own CPU draws, not the machine-independent ones
   of :mod:`h3gate.seeded` (8x slower: 37 min for the text encoder on 2 cores): a checkpoint folder is identified by
   its files' digests, never re-derived on another machine;
@@ -43,7 +43,7 @@ from huggingface_hub.serialization._base import parse_size_to_int  # what split_
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from h3gate.checkpoint import (
+from h3gate.model.checkpoint import (
     INDEX,
     MODULAR_INDEX,
     PIPELINE_CLASS,
@@ -54,8 +54,8 @@ from h3gate.checkpoint import (
     component_classes,
 )
 from h3gate.files import write_json
-from h3gate.model import build_preset, drawn_parameter, transformer_skeleton
-from h3gate.pipeline_components import (
+from h3gate.model.factory import build_preset, drawn_parameter, transformer_skeleton
+from h3gate.generation.components import (
     PRESETS,
     build_components,
     build_vae,
@@ -63,7 +63,7 @@ from h3gate.pipeline_components import (
     small_components,
     text_encoder_skeleton,
 )
-from h3gate.presets import RELEASE, RELEASE_CONFIG
+from h3gate.model.presets import RELEASE, RELEASE_CONFIG
 
 MAX_SHARD_SIZE = "5GB"
 _MODELS = (*TRANSFORMERS, "vae", "audio_vae", "text_encoder")
@@ -103,7 +103,7 @@ def built_when_written(build: Callable[[str], torch.nn.Module]) -> ModelWeights:
 
 def drawn_transformer(config: dict, seed: int) -> ModelWeights:
     """A transformer of ``config`` (the release one) with the presets' init, each parameter drawn when its shard is
-    written: what :func:`h3gate.model.build_release` draws on a GPU, drawn on the CPU."""
+    written: what :func:`h3gate.model.factory.build_release` draws on a GPU, drawn on the CPU."""
     model = transformer_skeleton(config)
     shapes = dict(model.named_parameters())
 

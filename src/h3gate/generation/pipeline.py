@@ -54,8 +54,8 @@ import torch
 from diffusers.modular_pipelines import MiniMaxH3Blocks, MiniMaxH3ModularPipeline, SequentialPipelineBlocks
 from PIL import Image
 
-from h3gate.pipeline_components import COMPONENT_CONFIGS, build_components
-from h3gate.pipeline_reference import REFERENCE_IMAGE_SHA256, load_reference_image, reference_image_path
+from h3gate.generation.components import COMPONENT_CONFIGS, build_components
+from h3gate.generation.keyframe import REFERENCE_IMAGE_SHA256, load_reference_image, reference_image_path
 
 __all__ = [
     "COMPONENT_CONFIGS",

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from h3gate.evidence.signing import EvidenceError, canonical
 from h3gate.files import FileFormatError, read_json, write_json
-from h3gate.signing import EvidenceError, canonical
 
 SCHEMA = "h3gate.candidate-lock/1"
 
@@ -27,7 +27,7 @@ class CandidateLock:
 
     def check(self, statement: dict) -> None:
         """The evidence's candidate identity and writer are the locked ones, or a ``mismatch`` naming what differs."""
-        from h3gate.evidence import candidate_digest
+        from h3gate.evidence.statement import candidate_digest
 
         entry = next(e for e in statement["predicate"]["configuration"] if e["annotations"]["role"] == "candidate")
         found = entry["annotations"]["identity"]
@@ -50,7 +50,7 @@ class CandidateLock:
 
 def write(path: Path, identity: dict) -> CandidateLock:
     """The lock of the candidate ``identity``, written by this h3gate (whose version and source digest it pins)."""
-    from h3gate.evidence import tool
+    from h3gate.evidence.statement import tool
 
     identity = json.loads(canonical(identity))
     writer = tool()

@@ -33,7 +33,7 @@ class NotPassed(RuntimeError):
 @dataclass(frozen=True)
 class ModelRef:
     """A model as a record names it: its source (preset and weight seed, or checkpoint folder), which is known
-    before the model is built, and its identity once it is (a :class:`h3gate.model.Model` serves as well)."""
+    before the model is built, and its identity once it is (a :class:`h3gate.model.factory.Model` serves as well)."""
 
     source: str
     identity: str | None = None

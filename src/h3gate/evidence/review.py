@@ -17,9 +17,9 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
-from h3gate.evidence import statement_of
-from h3gate.profiles import Profile, Requirement, verdict
-from h3gate.signing import open_envelope
+from h3gate.evidence.profiles import Profile, Requirement, verdict
+from h3gate.evidence.signing import open_envelope
+from h3gate.evidence.statement import statement_of
 from h3gate.files import write_atomic
 
 WORST = 10

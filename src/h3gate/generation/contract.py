@@ -1,9 +1,9 @@
 """The generation gate's contract: the pinned request every generation of the gate makes, and its bounds.
 
 A contract file (``thresholds/<model>/<name>-contract.json``, locked in ``thresholds/LOCK.json`` like bounds)
-fixes the workflow (``fl2va`` from the reference keyframe of :mod:`h3gate.pipeline_reference`, named by its
+fixes the workflow (``fl2va`` from the reference keyframe of :mod:`h3gate.generation.keyframe`, named by its
 sha256, or ``t2va``; a list such as ``["t2va", "fl2va"]`` makes every seed generate each of them), prompt, seeds, frames, canvas, frame rate, steps and audio sample rate; the fixed bounds
-(one per gated metric, in the range its row of :data:`h3gate.metrics.METRICS` allows); which rule gates
+(one per gated metric, in the range its row of :data:`h3gate.generation.metrics.METRICS` allows); which rule gates
 (``fixed``, ``calibrated`` or ``both``, every bound of either rule; the other rule of the first two is reported
 beside the verdict); and the calibration margin ``m``: the candidate's error may exceed the worst provider
 variant's by the factor ``1 + m`` (see :mod:`h3gate.gates.generation`).
@@ -26,8 +26,8 @@ from pathlib import Path
 from diffusers.modular_pipelines.minimax_h3.modular_pipeline import MINIMAX_H3_FPS
 
 from h3gate.files import FileFormatError, read_json, require, sha256_file
-from h3gate.metrics import GATED, METRIC
-from h3gate.pipeline import REFERENCE_IMAGE_SHA256, WORKFLOWS
+from h3gate.generation.metrics import GATED, METRIC
+from h3gate.generation.pipeline import REFERENCE_IMAGE_SHA256, WORKFLOWS
 
 SCHEMA = "h3gate.generation-contract/1"
 SUFFIX = "-contract.json"
@@ -167,7 +167,7 @@ def _reference_image(path, data, workflows) -> str | None:
         raise FileFormatError(
             path,
             f"workflow fl2va starts from the pinned reference keyframe, sha256 {REFERENCE_IMAGE_SHA256} "
-            f"(h3gate.pipeline_reference); reference_image_sha256 is {digest!r}",
+            f"(h3gate.generation.keyframe); reference_image_sha256 is {digest!r}",
         )
     return digest
 

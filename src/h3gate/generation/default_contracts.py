@@ -28,11 +28,14 @@ from diffusers.modular_pipelines.minimax_h3.modular_pipeline import (
     video_latent_num_frames,
 )
 
-from h3gate import bounds, contract, generation_contract, status
+from h3gate import bounds
 from h3gate.files import dumps, write_atomic
-from h3gate.pipeline import REFERENCE_IMAGE_SHA256
-from h3gate.pipeline_components import COMPONENT_CONFIGS
-from h3gate.presets import RELEASE
+from h3gate.generation import contract as generation_contract
+from h3gate.generation.components import COMPONENT_CONFIGS
+from h3gate.generation.pipeline import REFERENCE_IMAGE_SHA256
+from h3gate.model import contract
+from h3gate.model.presets import RELEASE
+from h3gate.model.spec import model_name
 
 NUM_FRAMES = 124
 ASPECT = (16, 9)
@@ -57,7 +60,7 @@ def _pipeline(spec: str):
                 for name in VAES if (root / name / "config.json").is_file()}
         canvas = {}
         if spec != RELEASE and (root / "model_index.json").is_file():
-            from h3gate.checkpoint import read_index
+            from h3gate.model.checkpoint import read_index
 
             index = read_index(root)
             canvas = {c.name: index[c.name] for c in pipe.blocks.expected_configs if c.name in index}
@@ -107,7 +110,7 @@ def write(spec: str, thresholds: str | os.PathLike, replace_reason: str | None =
     written atomically, and should writing or locking fail all are put back as they were: a contract left unlocked
     would block the rerun that fixes the failure."""
     thresholds = Path(thresholds)
-    folder = thresholds / status.model_name(spec)
+    folder = thresholds / model_name(spec)
     bounds.read_lock(thresholds)
     contents = defaults(spec)
     existing = [folder / name for name in contents if (folder / name).exists()]
@@ -130,12 +133,3 @@ def write(spec: str, thresholds: str | os.PathLike, replace_reason: str | None =
                 path.unlink(missing_ok=True)
         raise
     return paths
-
-
-def freeze_commands(spec: str, device: str, thresholds: str | None) -> list[str]:
-    """The commands that freeze every gate's bounds for the written contracts, cheap gates first."""
-    from h3gate.gates import REGISTRY
-
-    # One command a test function (every block's item at once), in the registry's order: cheap gates first.
-    items = [frozen.item.partition("[")[0] for gate in REGISTRY.values() for frozen in gate.frozen if frozen.item]
-    return [status.freeze_command(item, spec, device, thresholds) for item in dict.fromkeys(items)]
