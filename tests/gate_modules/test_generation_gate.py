@@ -286,7 +286,7 @@ def test_verify_last_step_catches_a_nondeterministic_candidate(setup):
 
 
 def test_the_model_gate_must_pass_first(setup):
-    candidate = Sourced(Path(resume.__file__).parent / "gates", "unrecorded")
+    candidate = Sourced(Path(passes.__file__).parent, "unrecorded")
     with pytest.raises(passes.NotPassed, match="run the model gate first"):
         setup.check(candidate, record=False)
     result = setup.check(candidate, record=False, model_gate_override="model gate ran on another machine")

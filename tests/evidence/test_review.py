@@ -5,9 +5,9 @@ import json
 import pytest
 from matplotlib.image import imread
 
+from evidence_runs import MODEL_ONLY, make_run
 from h3gate.evidence import review as report, signing
 from h3gate.verdict import Check
-from test_evidence import MODEL_ONLY, make_run
 
 MODEL_TEST = "tests/gates/test_model.py::test_model"
 SEED42 = "tests/gates/test_generation.py::test_generation[seed42]"

@@ -2,8 +2,6 @@
 JSON, sidecars that must agree with the envelope, the uploaded bundle, and a fuzz of ``verify`` over forgeries."""
 
 import base64
-import contextlib
-import io
 import json
 import os
 import re
@@ -19,7 +17,7 @@ from in_toto_attestation.predicates.test_result.v0 import test_result_pb2
 from in_toto_attestation.v1.resource_descriptor import ResourceDescriptor
 from in_toto_attestation.v1.statement import Statement
 
-from h3gate.cli import main
+from evidence_runs import ENVIRONMENT, HOME, ITEMS, edit_statement, make_run, reseal_sums, run_cli, statement_of
 from h3gate.cli.evidence import EXIT_CODES
 from h3gate.evidence import signing
 from h3gate.evidence.redaction import REDACTION_NAME, redact_xml
@@ -27,31 +25,9 @@ from h3gate.evidence.signing import EvidenceError
 from h3gate.evidence.statement import SUMS_NAME, candidate_digest, name_problem, subjects
 from h3gate.evidence.verify import verify
 from h3gate.files import FileFormatError
-from test_evidence import ENVIRONMENT, HOME, ITEMS, make_run, reseal_sums, rewrite_payload, statement_of
 
 MODEL_TEST = "tests/gates/test_model.py::test_model"
 DOCUMENTED = {0, 2, *EXIT_CODES.values()}
-
-
-def run_cli(*args) -> tuple[int, str]:
-    """``h3gate ARGS`` in-process: its exit code and everything it printed. A traceback fails the calling test."""
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
-        code = main([str(arg) for arg in args])
-    return code, out.getvalue()
-
-
-def edit_statement(path: Path, edit) -> None:
-    """Apply ``edit`` (statement dict -> None) to the envelope's statement; SHA256SUMS, which would name the
-    edited envelope first, is resealed so the check under test stands alone."""
-
-    def rewrite(payload: bytes) -> bytes:
-        statement = json.loads(payload)
-        edit(statement)
-        return json.dumps(statement).encode()
-
-    rewrite_payload(path, rewrite)
-    reseal_sums(path)
 
 
 @pytest.fixture

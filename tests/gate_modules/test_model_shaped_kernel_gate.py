@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import THRESHOLDS
+from mutant_triggers import TRIGGERS
 from h3gate import op_calls
 from h3gate.candidates import ProviderCandidate
 from h3gate.candidates.mutants import MutantCandidate
@@ -66,21 +67,6 @@ def test_each_path_class_of_the_release_model_runs_once(shipped):
         wanted = {kernel_gate.path_class(d) for d in kernel_gate.model_examples(spec, release, "bfloat16", narrow=True)
                   if d["mode"] != op_calls.INFERENCE}
         assert wanted <= set(classes), (spec.op.name, wanted - set(classes))
-
-
-# Each new mutant, and the example that alone catches it on the CPU (a substring of the failing checks' names) or
-# the check kind that does.
-TRIGGERS = {
-    "norm-wide-padded-mean": "c=5376",
-    "residual-wide-chunk-gate": "c=5376",
-    "kv-heads-modulo-two": "heads=",
-    "qk-norm-heads-tile-two": "heads=56",
-    "softmax-without-max": "aligned=True",
-    "norm-unmodulated-without-autograd": "mode=",
-    "residual-in-place-without-autograd": "mode=",
-    "kv-read-with-q-strides": "layout=independent",
-    "residual-y-read-with-residual-strides": "layout=independent",
-}
 
 
 @pytest.mark.parametrize("name", TRIGGERS)

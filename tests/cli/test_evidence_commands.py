@@ -7,10 +7,10 @@ import sys
 
 import pytest
 
+from evidence_runs import HALVES, ITEMS, MODEL_ONLY, make_run, reseal_sums, rewrite_payload
 from h3gate.cli import main
 from h3gate.cli.evidence import EXIT_CODES
 from h3gate.evidence import signing
-from test_evidence import HALVES, ITEMS, MODEL_ONLY, make_run, reseal_sums, rewrite_payload
 
 MODEL_TEST = "tests/gates/test_model.py::test_model"
 

@@ -8,12 +8,11 @@ import re
 
 import pytest
 
+from evidence_runs import CANDIDATE, edit_statement, make_run, reseal_sums, run_cli, statement_of
 from h3gate.cli.evidence import EXIT_CODES
 from h3gate.evidence import candidate_lock, profiles, signing
 from h3gate.evidence.statement import candidate_digest, subjects, tool, write_sealed
 from h3gate.files import FileFormatError
-from test_evidence import CANDIDATE, make_run, reseal_sums, statement_of
-from test_evidence_hostile import edit_statement, run_cli
 
 CI_WITHOUT_POWER = profiles.Profile("ci", tuple(r for r in profiles.PROFILES["ci"].requirements if r.gate != "power"))
 

@@ -1,4 +1,11 @@
-"""Fixtures of this repository's own tests: the embedded model, its contract and its committed bounds."""
+"""What this repository's tests share: its paths, the pytester plugin, the embedded model, its contract and its
+committed bounds, and one torch thread for a module.
+
+At the repository's root, so every test below ``tests/`` sees it (pytest reads ``pytest_plugins`` from the root
+conftest only) and ``from conftest import ROOT, THRESHOLDS`` names this one module; keep it the test tree's only
+conftest. The plugin never depends on it: the gate suite runs in a repository of its own without it (pytest's
+``--noconftest`` runs it so).
+"""
 
 from pathlib import Path
 
@@ -8,7 +15,7 @@ from h3gate import bounds
 from h3gate.model.contract import load_model_contract
 from h3gate.model.factory import build_preset
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent
 THRESHOLDS = ROOT / "thresholds"
 
 pytest_plugins = ["pytester"]

@@ -12,9 +12,9 @@ import pytest
 from h3gate.cli import main
 from h3gate.evidence import signing
 
-from conftest import THRESHOLDS
+from conftest import ROOT, THRESHOLDS
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "own-checks" / "test_team_metrics.py"
+EXAMPLE = ROOT / "examples" / "own-checks" / "test_team_metrics.py"
 BOUNDS = Path("thresholds") / "tiny" / "cpu" / "threshold-brightness-loudness-bounds.json"
 LOUDER = '''
 from h3gate import candidates

@@ -8,7 +8,7 @@ from h3gate import op_registry
 from h3gate.candidates import CandidateError, ProviderCandidate, load
 from h3gate.candidates.mutants import MUTANTS, MutantCandidate, _EditGradient
 from h3gate.gates import block as block_gate, kernel as kernel_gate, model as model_gate
-from test_model_shaped_kernel_gate import TRIGGERS  # mutants only the shipped model's examples reach: tested there
+from mutant_triggers import TRIGGERS  # mutants only the shipped model's examples reach: tested there
 
 GROUP_OF_OP = {op.name: op.group for op in op_registry.OPS}
 

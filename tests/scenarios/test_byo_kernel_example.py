@@ -10,16 +10,16 @@ import json
 import re
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 import torch
 from diffusers.models.normalization import RMSNorm
 
+from conftest import ROOT
 from h3gate import candidates
 from h3gate.cli import main
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "byo-kernel"
+EXAMPLE = ROOT / "examples" / "byo-kernel"
 
 
 @pytest.fixture
