@@ -82,10 +82,10 @@ def _run(item) -> GateResult:
     if missing:
         record(session, gate.name, item.node.nodeid, passes.MISSING_BOUNDS, missing[0].detail["reason"])
     elif result.passed:
-        record(session, gate.name, item.node.nodeid, passes.PASSED, bounds_sha256=result.context["bounds_sha256"])
+        record(session, gate.name, item.node.nodeid, passes.PASSED, bounds_sha256=result.provenance.bounds_sha256)
     else:
         record(session, gate.name, item.node.nodeid, passes.FAILED, result.summary(),
-               result.context.get("bounds_sha256", ""))
+               result.provenance.bounds_sha256 or "")
     return result
 
 

@@ -15,7 +15,7 @@ import pytest
 
 from h3gate import gates as registry
 from h3gate.files import WriteError, write_json
-from h3gate.verdict import Check, GateResult
+from h3gate.verdict import Check, GateResult, Provenance
 from pytest_h3 import distribution
 from pytest_h3.ledger import Ledger
 
@@ -265,8 +265,8 @@ class GateItem:
         self.record_property("h3_summary", result.summary())
         if result.checks:
             self.record_property("h3_worst_ratio", round(max(c.ratio for c in result.checks), 6))
-        if result.context.get("bounds_sha256"):
-            self.record_property("h3_bounds_sha256", result.context["bounds_sha256"])
+        if result.provenance.bounds_sha256:
+            self.record_property("h3_bounds_sha256", result.provenance.bounds_sha256)
         return result
 
     def gate_run(self):
@@ -315,7 +315,8 @@ class GateItem:
             "reason": f"froze {len(frozen.bounds)} bounds into {frozen.path} from {', '.join(frozen.sources)}",
             "non_discriminating": frozen.non_discriminating,
         }
-        return GateResult(self.kind, self.params, [Check("bounds", "frozen", 0.0, 0.0, True, detail)], {"bounds_file": str(frozen.path)})
+        return GateResult(self.kind, self.params, [Check("bounds", "frozen", 0.0, 0.0, True, detail)],
+                          provenance=Provenance(bounds_file=str(frozen.path)))
 
     def progress_stream(self):
         """A text stream to the terminal past pytest's capture, for tqdm bars the engine draws itself."""

@@ -44,7 +44,7 @@ def test_the_kernel_gate_qualifies_each_cpu_backend_on_attention_only(name):
                            params={"op": "attention", "dtype": "float32"}, kernel_examples=1, kernel_shrink=False)
     result = kernel.check_item(run, None)  # a verdict, whichever: the math backend may differ from the default's
     assert result.checks and {check.detail["dtype"] for check in result.checks} == {"float32"}
-    assert result.context["candidate"]["options"] == {"name": name}
+    assert result.provenance.candidate["options"] == {"name": name}
     assert result.passed or name != "native"  # native is the provider's own dispatch
     with pytest.raises(registry.NotClaimed, match="does not replace swiglu"):
         kernel.check_item(run.with_params(op="swiglu", dtype="float32"), None)

@@ -211,7 +211,7 @@ def test_the_provider_passes_both_rules_from_the_cached_provider_run(setup):
     assert all(c["passed"] for rule in measured["rules"].values() for c in rule.values())
     assert measured["values"]["video_psnr_min_db"] == math.inf and measured["values"]["audio_relative_l2"] == 0
     assert result.context["model_gate"]["status"] == "passed" and result.context["contract_sha256"] == setup.contract.digest
-    assert result.context["bounds_sha256"] == sha256_file(setup.frozen.path)
+    assert result.provenance.bounds_sha256 == sha256_file(setup.frozen.path)
     context = result.context["workflows"]["fl2va"]
     assert context["provider"]["reused"], "freezing generated the provider's seed; the check reuses it"
     assert context["noise_digests"]["provider"] == context["noise_digests"]["candidate"]

@@ -24,7 +24,7 @@ def test_broken_candidate_fails(broken, tiny, tiny_contract, tiny_model_bounds):
     first_line = result.report().splitlines()[0]
     worst = result.failures[0]
     assert "FAILED" in first_line and worst.name in first_line
-    assert tiny_model_bounds.path and result.context["bounds_sha256"][:12] in first_line
+    assert tiny_model_bounds.path and result.provenance.bounds_sha256[:12] in first_line
     if worst.kind == "relative_l2":
         assert f"bound {worst.bound:.4g}" in first_line and "margin -" in first_line
 

@@ -91,7 +91,7 @@ from h3gate.generation.pipeline import (
 from h3gate.measure import timed
 from h3gate.model.identity import Model, tensor_digest
 from h3gate.model.presets import RELEASE
-from h3gate.verdict import Check, GateResult
+from h3gate.verdict import Check, GateResult, Provenance
 
 GATE = "generation"
 RUN_SCHEMA = "h3gate.generation-run/2"
@@ -642,14 +642,10 @@ def check(
     model_gate = passes.require_pass(out_dir, "model", model, candidate.identity(), model_gate_override)
     _require_measured_as(frozen, contract)
     timings: dict[str, float] = {}
+    provenance = Provenance.of(frozen, model, candidate, frozen.device_class)
     context = {
         "contract": str(contract.path),
         "contract_sha256": contract.digest,
-        "bounds_file": str(frozen.path),
-        "bounds_sha256": sha256_file(frozen.path) if frozen.path else "",
-        "model_identity": model.identity,
-        "candidate": candidate.identity(),
-        "device_class": frozen.device_class,
         "gating_rule": contract.gating_rule,
         "model_gate": model_gate,
         "workflows": {},
@@ -664,7 +660,7 @@ def check(
         if values is not None:
             report["workflows"][workflow] = values
     counts = coverage.total(*(ran.get("coverage", {}) for ran in context["workflows"].values()))
-    return coverage.judged(GateResult(GATE, {"seed": seed}, checks, context, report, timings), counts)
+    return coverage.judged(GateResult(GATE, {"seed": seed}, checks, context, report, timings, provenance), counts)
 
 
 def _check_workflow(model, candidate, contract, frozen, device, workflow, seed, out_dir, timings, *, verify_last_step,

@@ -34,7 +34,7 @@ from h3gate import numerics, op_calls, op_registry
 from h3gate.candidates import op_invariants
 from h3gate.compare import bias, max_abs, relative_l2
 from h3gate.model.presets import RELEASE
-from h3gate.verdict import Check, GateResult, no_deterministic_kernel
+from h3gate.verdict import Check, GateResult, Provenance, no_deterministic_kernel
 
 GATE = "kernel"
 ERROR_FACTOR = 2.0
@@ -783,7 +783,7 @@ def check(
     params = {"op": op} if set(dtypes) == set(DTYPES) else {"op": op, "dtype": "+".join(dtypes)}
     if op not in ops:
         missing = Check.failed(op, "missing", f"candidate {candidate.name} offers no standalone {op}")
-        return GateResult(GATE, params, [missing], {"candidate": candidate.identity()})
+        return GateResult(GATE, params, [missing], provenance=Provenance.of(candidate=candidate))
     spec = OP_SPECS[op]
     limits = limits or (GPU_LIMITS if torch.device(device).type == "cuda" else INTERPRETER_LIMITS)
     kept: dict[str, Check] = {}
@@ -837,8 +837,9 @@ def check(
         GATE,
         params,
         list(kept.values()),
-        {"candidate": candidate.identity(), "rule": f"error <= {ERROR_FACTOR} x torch's + {FLOOR_ULPS} ULP"},
+        {"rule": f"error <= {ERROR_FACTOR} x torch's + {FLOOR_ULPS} ULP"},
         {"examples": examples["count"]},
+        provenance=Provenance.of(candidate=candidate),
     )
 
 

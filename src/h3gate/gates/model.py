@@ -20,11 +20,10 @@ from pathlib import Path
 
 from h3gate import bounds as bounds_mod, numerics
 from h3gate.candidates import Candidate, CandidateError, coverage
-from h3gate.files import sha256_file
 from h3gate.model.contract import ModelContract, load_model_contract, model_inputs
 from h3gate.model.identity import Model
 from h3gate.streaming import stream_errors
-from h3gate.verdict import Check, GateResult, no_deterministic_kernel, repeatability
+from h3gate.verdict import Check, GateResult, Provenance, no_deterministic_kernel, repeatability
 
 GATE = "model"
 
@@ -133,14 +132,7 @@ def check(
                 Check.failed(tap, "zero_gradient", "exactly zero where golden's is not", **detail)
             )
         checks.append(Check(tap, "relative_l2", metrics["relative_l2"], frozen.bounds[tap], metrics["relative_l2"] <= frozen.bounds[tap], detail))
-    context = {
-        "bounds_file": str(frozen.path),
-        "bounds_sha256": sha256_file(frozen.path) if frozen.path else "",
-        "model_identity": model.identity,
-        "candidate": candidate.identity(),
-        "device_class": frozen.device_class,
-        "non_discriminating": frozen.non_discriminating,
-    }
+    context = {"non_discriminating": frozen.non_discriminating}
     if not repeat:
         context["repeatability"] = "not run: a provider variant with no deterministic kernel, judged by its numerics"
     return coverage.judged(GateResult(
@@ -150,6 +142,7 @@ def check(
         context=context,
         metrics={"candidate": candidate_errors, "provider": provider_errors},
         timings=_phase_seconds(phase_timings),
+        provenance=Provenance.of(frozen, model, candidate, frozen.device_class),
     ), counts)
 
 
