@@ -23,6 +23,7 @@ from h3gate.gates import passes
 from h3gate.generation.resume import ResumeError
 from h3gate.verdict import Check, GateResult
 from pytest_h3 import distribution
+from pytest_h3.options import WORKERS_PER_GPU
 
 
 # An item's reason when the candidate does not claim it: the item is skipped, and the ledger records it as such.
@@ -43,7 +44,7 @@ def run(item) -> GateResult:
     # tensors: the next item starts on a free GPU instead of running out of memory in turn.
     torch.cuda.empty_cache()
     _fail(f"the {item.kind} gate ran out of GPU memory on {item.session.device}: {reason} Free the GPU of other "
-         "processes, or run fewer xdist workers per GPU (--h3-workers-per-gpu)")
+         f"processes, or run fewer xdist workers per GPU ({WORKERS_PER_GPU})")
 
 
 @contextlib.contextmanager

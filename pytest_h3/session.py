@@ -2,14 +2,14 @@
 
 Heavy things (the model, the candidate) are built on first use, once per process, so collecting or
 deselecting gates costs nothing. Each gate item becomes a :class:`h3gate.verdict.GateResult`; the session
-keeps them and writes ``results.json`` under ``--h3-out`` when it ends.
+keeps them and writes ``results.json`` under the output folder when it ends. The options come read and checked in
+one :class:`pytest_h3.settings.Settings`.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from pathlib import Path
 
 import pytest
 
@@ -18,19 +18,21 @@ from h3gate.files import WriteError, write_json
 from h3gate.verdict import Check, GateResult, Provenance
 from pytest_h3 import distribution
 from pytest_h3.ledger import Ledger
+from pytest_h3.options import CANDIDATE, MODEL, OUT
+from pytest_h3.settings import Settings
 
 SESSION_KEY = pytest.StashKey["H3Session"]()
 LARGE_FILE = 1 << 26  # bytes from which the header's status uses the digest cache
 
 
 class H3Session:
-    def __init__(self, config):
+    def __init__(self, config, settings: Settings):
         self.config = config
-        self.freezing = bool(config.getoption("--h3-freeze"))
+        self.settings = settings
+        self.freezing = settings.freeze
         self._device = None
-        self.out = Path(config.getoption("--h3-out"))
-        thresholds = config.getoption("--h3-thresholds")
-        self.thresholds = Path(thresholds) if thresholds else Path(config.rootpath) / "thresholds"
+        self.out = settings.out
+        self.thresholds = settings.thresholds
         self.ledger = Ledger()
         self.frozen_here: set = set()  # bounds files this (freezing) session wrote
         self.gates_scheduled: dict[str, bool] = {}  # gate kind -> an item of it is among this session's items
@@ -47,21 +49,8 @@ class H3Session:
     def device(self) -> str:
         """``cpu``, ``cuda`` or ``cuda:N``, resolved on first use (torch is imported only where a GPU may be)."""
         if self._device is None:
-            self._device = self.resolve_device(self.config.getoption("--h3-device"))
+            self._device = distribution.resolve_device(self.settings.device)
         return self._device
-
-    @staticmethod
-    def resolve_device(option: str) -> str:
-        distribution.check_device_option(option)
-        if distribution.cpu_run(option):
-            return "cpu"
-        import torch
-
-        if option == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        if not torch.cuda.is_available():
-            raise pytest.UsageError(f"--h3-device={option} but no CUDA device is visible; use --h3-device=cpu")
-        return option
 
     # Lazily built shared objects ------------------------------------------------------------------------
 
@@ -72,9 +61,9 @@ class H3Session:
             from h3gate.model.identity import ModelError
 
             try:
-                self._model = load_model(self.config.getoption("--h3-model"), self.config.getoption("--h3-model-seed"))
+                self._model = load_model(self.settings.model, self.settings.model_seed)
             except ModelError as error:
-                raise pytest.UsageError(f"--h3-model: {error}") from None
+                raise pytest.UsageError(f"{MODEL}: {error}") from None
         return self._model
 
     @property
@@ -86,7 +75,7 @@ class H3Session:
         """The model's name (its thresholds folder) without building the model."""
         from h3gate.model.spec import model_name
 
-        return self._model.name if self._model is not None else model_name(self.config.getoption("--h3-model"))
+        return self._model.name if self._model is not None else model_name(self.settings.model)
 
     def model_ref(self):
         """The model as verdict records name it (:mod:`h3gate.gates.passes`): its source, and its identity once built."""
@@ -95,7 +84,7 @@ class H3Session:
 
         if self._model is not None:
             return ModelRef(self._model.source, self._model.identity)
-        return ModelRef(model_source(self.config.getoption("--h3-model"), self.config.getoption("--h3-model-seed")))
+        return ModelRef(model_source(self.settings.model, self.settings.model_seed))
 
     def thresholds_status(self):
         """The state of the frozen files that the gates of the session's completeness profile read, for its model on
@@ -108,8 +97,8 @@ class H3Session:
         def digest(path):
             return file_digest(path) if path.stat().st_size > LARGE_FILE else sha256_file(path)
 
-        gates = {requirement.gate for requirement in profile(self.config.getoption("--h3-profile")).requirements}
-        return status(self.thresholds, self.config.getoption("--h3-model"), self.device, digest=digest, gates=gates)
+        gates = {requirement.gate for requirement in profile(self.settings.profile).requirements}
+        return status(self.thresholds, self.settings.model, self.device, digest=digest, gates=gates)
 
     @property
     def candidate(self):
@@ -117,9 +106,9 @@ class H3Session:
             from h3gate.candidates import CandidateError, load
 
             try:
-                self._candidate = load(self.config.getoption("--h3-candidate"))
+                self._candidate = load(self.settings.candidate)
             except CandidateError as error:
-                raise pytest.UsageError(f"--h3-candidate: {error}") from None
+                raise pytest.UsageError(f"{CANDIDATE}: {error}") from None
         return self._candidate
 
     def model_config(self) -> dict:
@@ -127,9 +116,9 @@ class H3Session:
         from h3gate.model.spec import transformer_config
 
         try:
-            return transformer_config(self.config.getoption("--h3-model"))
+            return transformer_config(self.settings.model)
         except ValueError as error:
-            raise pytest.UsageError(f"--h3-model: {error}") from None
+            raise pytest.UsageError(f"{MODEL}: {error}") from None
 
     # Collection -----------------------------------------------------------------------------------------
 
@@ -217,7 +206,7 @@ class H3Session:
             write_json(results_path, {"schema": "h3gate.results/1", "results": self.ledger.results})
         except WriteError as error:  # --h3-out looked writable at the start (os.access) but was not, or no longer
             self.summary.append(f"results NOT written, so neither is the evidence: {error.strerror}, or give "
-                                "--h3-out a folder that can be written")
+                                f"{OUT} a folder that can be written")
             return False
         self.summary.append(f"results: {results_path}")
         try:
@@ -273,14 +262,13 @@ class GateItem:
         """This item as the gate protocol sees it (:class:`h3gate.gates.GateRun`)."""
         from h3gate.gates import GateRun
 
-        session, option = self.session, self.session.config.getoption
-        variants = option("--h3-variants")
+        session, settings = self.session, self.session.settings
         return GateRun(
             session.model_name, lambda: session.model, session.device, session.thresholds, session.out,
             candidate=None if session.freezing else session.candidate, params=self.params, options=self.options,
-            variant_names=variants.split(",") if variants else None, force_reason=option("--h3-freeze-force"),
-            kernel_examples=option("--h3-kernel-examples"), verify_last_step=option("--h3-verify-last-step"),
-            required_override=option("--h3-skip-model-gate"), progress=self.progress, stream=self.progress_stream(),
+            variant_names=settings.variant_names, force_reason=settings.freeze_force,
+            kernel_examples=settings.kernel_examples, verify_last_step=settings.verify_last_step,
+            required_override=settings.skip_model_gate, progress=self.progress, stream=self.progress_stream(),
         )
 
     def bounds(self):
@@ -301,8 +289,8 @@ class GateItem:
     def freeze_command(self, target: str) -> str:
         from h3gate.status import freeze_command
 
-        option = self.session.config.getoption
-        return freeze_command(target, option("--h3-model"), option("--h3-device"), option("--h3-thresholds"))
+        settings = self.session.settings
+        return freeze_command(target, settings.model, settings.device, settings.thresholds_option)
 
     def missing_bounds(self, error: Exception) -> GateResult:
         """Missing or unusable bounds fail the gate and say exactly how to freeze them."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from h3gate.evidence import environment, profiles
+from pytest_h3.options import OUT, SIGN_KEY
 
 
 def device_facts(device: str) -> dict:
@@ -77,13 +78,13 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
             redaction.redact_xml(Path(junit), facts)
             extra.append(statement.keep_copy(Path(junit), Path(session.out) / EVIDENCE_JUNIT))
         else:
-            session.summary.append(f"{junit} is not evidence: only files under --h3-out are (--junitxml=OUT/junit.xml)")
+            session.summary.append(f"{junit} is not evidence: only files under {OUT} are (--junitxml=OUT/junit.xml)")
     key = session.sign_key
     path, sealed = statement.write_evidence(
         session.out,
         results,
         outcomes,
-        profiles.profile(session.config.getoption("--h3-profile")),
+        profiles.profile(session.settings.profile),
         _artifacts(results, extra),
         session.thresholds,
         _files(results, session.thresholds, model["name"]),
@@ -93,7 +94,7 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
         key,
     )
     if key is None:
-        session.summary.append("evidence is UNSIGNED: pass --h3-sign-key or set H3GATE_SIGN_KEY to sign it")
+        session.summary.append(f"evidence is UNSIGNED: pass {SIGN_KEY} or set H3GATE_SIGN_KEY to sign it")
     session.summary.append(verdict_line(sealed))
     return path
 
