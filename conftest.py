@@ -24,7 +24,7 @@ pytest_plugins = ["pytester"]
 @pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread for a module: the tiny models are overhead-bound, and OpenMP spin-waits make them
-    about 10x slower on a shared 2-core CPU; a generation's run identity records the thread count too."""
+    many times slower on a shared 2-core CPU; a generation's run identity records the thread count too."""
     import torch
 
     threads = torch.get_num_threads()

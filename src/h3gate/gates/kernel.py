@@ -451,7 +451,7 @@ _DRAWS = {
         examples=({"rows": 467, "heads": 2, "head_dim": 32, "batch": 1, "peak": 2.0},
                   {"rows": 300, "heads": 3, "head_dim": 128, "batch": 2, "peak": 2.0}),
         edges=("rows",), long=("rows",),
-        # Each (batch, head) is a program of its own: past two heads, more select nothing (56 cost 10 s a run). Its
+        # Each (batch, head) is a program of its own: past two heads, more select nothing and only cost time. Its
         # reductions over the model's 38,733 keys and queries cost S x S: none runs on the CPU.
         from_call=_attention_call, narrow=(("rows", 16, ()), ("heads", 2, (2,))),
         tiers=({"rows": 33, "heads": 3, "head_dim": 128, "batch": 1, "peak": 1.0, "aligned": True},),

@@ -71,9 +71,8 @@ def video_metrics(video, reference) -> dict:
         raise ValueError(f"video shape {video.shape} differs from the reference's {reference.shape}")
     with np.errstate(divide="ignore"):  # an identical frame has PSNR +inf, which is the right answer
         psnr = [peak_signal_noise_ratio(ref, frame, data_range=1.0) for ref, frame in zip(reference, video)]
-    # Frames in threads: scipy's filters under scikit-image's SSIM release the GIL for much of their work (124 frames
-    # at 1344x768 took ~75 s in one thread on an H200's host), and each frame's value is computed alone, so the
-    # values are the same in any order.
+    # Frames in threads: scipy's filters under scikit-image's SSIM release the GIL for much of their work, and each
+    # frame's value is computed alone, so the values are the same in any order.
     with ThreadPoolExecutor(max_workers=os.cpu_count()) as pool:
         ssim = list(pool.map(_ssim, reference, video))
     motion = np.diff(video, axis=0) - np.diff(reference, axis=0)

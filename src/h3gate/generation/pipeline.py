@@ -19,9 +19,9 @@ Facts a gate builds on (measured with the tiny preset):
   + 37 video = 466 rows, and fl2va with the same prompt 31 text + 1 condition + 414 + 37 = 483 rows.
 - Transformer calls. ``num_inference_steps=N`` runs N - 1 forwards (the schedule's terminal sigma 0 is one of the
   N points), one per step, for every workflow (the checkpoint is guidance-distilled: no second pass).
-- Time. One whole tiny generation at 124 frames, 32x32 (text encoder, N - 1 forwards, both decoders), with one
-  intra-op thread: t2va about 0.2 s with 4 steps and 0.35 s with 8, fl2va 0.33 s and 0.4 s. The models are
-  overhead-bound: with 2 threads on a shared 2-core CPU, OpenMP spin-waits made the same runs take 2-8 s.
+- Time. A whole tiny generation at 124 frames, 32x32 (text encoder, N - 1 forwards, both decoders) is
+  overhead-bound: it runs fastest on one intra-op thread; with 2 threads on a shared 2-core CPU, OpenMP spin-waits
+  make it several times slower.
 - Noise. The request's ``generator`` (a CPU ``torch.Generator`` seeded with ``seed``, so the draw is the same on
   every device) is consumed in this order by ``MiniMaxH3PrepareConditionLatentsStep`` (fl2va only) and
   ``MiniMaxH3PrepareLatentsStep``: one ``randn(1, C, 1, h, w)`` per keyframe, mixed into the keyframe latents at

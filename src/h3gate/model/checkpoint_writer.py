@@ -20,7 +20,7 @@ Where the weights come from:
 - the release transformers are drawn one parameter at a time with the presets' init
   (:func:`h3gate.model.factory.drawn_parameter`), the release text encoder one module at a time by transformers' own
   ``_init_weights``, each under a seed of its name. These use torch's own CPU draws, not the machine-independent ones
-  of :mod:`h3gate.seeded` (8x slower: 37 min for the text encoder on 2 cores): a checkpoint folder is identified by
+  of :mod:`h3gate.seeded` (several times slower at release size): a checkpoint folder is identified by
   its files' digests, never re-derived on another machine;
 - the release VAEs (2.6 B float32 parameters) are built whole on the CPU by the presets' builder.
 """
