@@ -139,7 +139,7 @@ def pytest_runtest_makereport(item, call):
     report = yield
     gate = gate_of(item)
     if gate is not None:
-        from pytest_h3.gates import NOT_CLAIMED
+        from pytest_h3.gate_runner import NOT_CLAIMED
 
         if report.when == "call" and NOT_CLAIMED in item.stash:
             gate = {**gate, "not_claimed": True}
@@ -158,7 +158,7 @@ def _record_unrun(item, kind: str, report) -> None:
     if report.when == "setup" and report.passed:
         return
     from h3gate.gates import passes
-    from pytest_h3.gates import record
+    from pytest_h3.gate_runner import record
 
     lines = [line for line in report.longreprtext.strip().splitlines() if line.strip()]
     if report.passed:
@@ -274,7 +274,7 @@ def h3_generation(request, h3_session):
     from h3gate.gates.threshold import CANDIDATE
     from h3gate.generation import contract as generation_contract
     from h3gate.generation.contract import SUFFIX
-    from pytest_h3.gates import failing_in_one_line
+    from pytest_h3.gate_runner import failing_in_one_line
     from pytest_h3.progress import Terminal
 
     made = request.node.stash.setdefault(GENERATIONS, [])
@@ -335,7 +335,7 @@ def h3_bounds(request, h3_session, record_property):
             raise pytest.UsageError(f"h3_bounds: unknown gate {gate!r}; gates: {', '.join(registry.kinds())}")
         options = {key: value for key, value in params.items() if key not in list_params}
         items = {key: value for key, value in params.items() if key in list_params}
-        from pytest_h3.gates import failing_in_one_line
+        from pytest_h3.gate_runner import failing_in_one_line
 
         with failing_in_one_line():
             return h3_session.gate(gate, items, options, request.node, record_property).bounds()

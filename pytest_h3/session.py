@@ -158,7 +158,7 @@ class H3Session:
         if self.started:
             return
         self.started = True
-        import pytest_h3.gates  # noqa: F401  the engine (torch, diffusers), which every gate item needs: paid here,
+        import pytest_h3.gate_runner  # noqa: F401  the engine (torch, diffusers), which every gate item needs: paid here,
         import pytest_h3.session_evidence  # noqa: F401  once, not by the first item
         self.share_host_threads()
         self.verify_thresholds()
@@ -237,10 +237,10 @@ class GateItem:
         self.artifacts = artifacts  # () -> {name: {"path", "sha256"}} the test made (generations of h3_generation)
 
     def run(self) -> GateResult:
-        from pytest_h3 import gates
+        from pytest_h3 import gate_runner
         from pytest_h3.session_evidence import device_facts
 
-        result = gates.run(self)
+        result = gate_runner.run(self)
         made = self.artifacts()
         if made:
             result.context.setdefault("artifacts", {}).update(made)

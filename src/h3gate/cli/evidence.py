@@ -89,24 +89,25 @@ def _checks(args) -> dict:
     arguments; a bad one is a ValueError naming it."""
     import re
 
-    from h3gate.evidence import candidate_lock, profiles
+    from h3gate.evidence.candidate_lock import read as read_candidate_lock
+    from h3gate.evidence.profiles import profile
 
     if args.expect_model is not None and not re.fullmatch(r"[0-9a-f]{64}", args.expect_model):
         raise ValueError(f"--expect-model={args.expect_model} is not a model identity (64 hex digits, as "
                          "`h3gate identity --model M` prints it)")
     return {
         "thresholds": args.thresholds,
-        "required": profiles.profile(args.profile) if args.profile else None,
+        "required": profile(args.profile) if args.profile else None,
         "candidate": args.expect_candidate,
         "model": args.expect_model,
-        "candidate_lock": candidate_lock.read(Path(args.expect_candidate_lock)) if args.expect_candidate_lock else None,
+        "candidate_lock": read_candidate_lock(Path(args.expect_candidate_lock)) if args.expect_candidate_lock else None,
     }
 
 
 def _verify(args) -> int:
     """A trust decision first: the keys that may vouch for a verdict, or --allow-unsigned, whose PASSED is never
     exit 0."""
-    from h3gate.evidence import signing
+    from h3gate.evidence.signing import EvidenceError, load_public_key, load_public_keys
     from h3gate.evidence.verify import verify
 
     if not (args.key or args.keyring or args.allow_unsigned):
@@ -116,14 +117,14 @@ def _verify(args) -> int:
         if path is not None and not _exists(path):
             return refuse("verify", 2, f"{what} {path} does not exist")
     try:
-        trusted = [signing.load_public_key(path) for path in args.key or ()]
-        trusted += signing.load_public_keys(args.keyring) if args.keyring else []
+        trusted = [load_public_key(path) for path in args.key or ()]
+        trusted += load_public_keys(args.keyring) if args.keyring else []
         checks = _checks(args)
     except ValueError as error:
         return refuse("verify", 2, str(error))
     try:
         outcome = verify(Path(args.evidence), trusted or None, root=args.root, **checks)
-    except signing.EvidenceError as error:
+    except EvidenceError as error:
         return refuse("verify", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
     if not outcome.trusted:
         return refuse("verify", EXIT_CODES["untrusted"], f"untrusted: {outcome.line()} (--allow-unsigned: no "
@@ -135,28 +136,28 @@ def _verify(args) -> int:
 def _sign(args) -> int:
     """Signs a run's unsigned evidence after verifying it here: the key vouches only for what this h3gate, with
     these thresholds and this profile, finds PASSED."""
-    from h3gate.evidence import signing
+    from h3gate.evidence.signing import KEY_ENV, EvidenceError, keyid, load_private_key
     from h3gate.evidence.verify import AlreadySigned, sign_verified
 
     for path, what in ((args.evidence, "evidence"), (args.thresholds, "--thresholds")):
         if not _exists(path):
             return refuse("sign", 2, f"{what} {path} does not exist")
     try:
-        key = signing.load_private_key(args.key)
+        key = load_private_key(args.key)
         checks = _checks(args)
     except ValueError as error:
         return refuse("sign", 2, str(error))
     if key is None:
-        return refuse("sign", 2, f"no signing key: pass --key PRIV or set {signing.KEY_ENV} to the PEM text")
+        return refuse("sign", 2, f"no signing key: pass --key PRIV or set {KEY_ENV} to the PEM text")
     try:
         path = sign_verified(Path(args.evidence), key, **checks)
-    except signing.EvidenceError as error:
+    except EvidenceError as error:
         return refuse("sign", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
     except AlreadySigned as error:
         return refuse("sign", 2, str(error))
     except OSError as error:
         return refuse("sign", 2, str(error))
-    print(printable(f"signed {path} (keyid {signing.keyid(key.public_key())[:16]})"))
+    print(printable(f"signed {path} (keyid {keyid(key.public_key())[:16]})"))
     return 0
 
 
@@ -184,14 +185,14 @@ def _report(args) -> int:
 
 
 def _bundle(args) -> int:
-    from h3gate.evidence import signing
     from h3gate.evidence.bundle import bundle
+    from h3gate.evidence.signing import EvidenceError
 
     if not Path(args.evidence).exists():
         return refuse("bundle", 2, f"evidence {args.evidence} does not exist")
     try:
         written = bundle(Path(args.evidence), Path(args.out))
-    except signing.EvidenceError as error:
+    except EvidenceError as error:
         return refuse("bundle", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
     except OSError as error:
         return refuse("bundle", 2, str(error))
@@ -200,8 +201,8 @@ def _bundle(args) -> int:
 
 
 def _merge(args) -> int:
-    from h3gate.evidence import signing
     from h3gate.evidence.merge import merge
+    from h3gate.evidence.signing import EvidenceError, keyid, load_private_key
 
     for shard in args.shards:
         if not Path(shard).exists():
@@ -210,16 +211,16 @@ def _merge(args) -> int:
     if problem:
         return refuse("merge", 2, f"-o {args.out}: {problem}")
     try:
-        key = signing.load_private_key(args.key)
+        key = load_private_key(args.key)
     except ValueError as error:
         return refuse("merge", 2, str(error))
     try:
         path = merge([Path(shard) for shard in args.shards], Path(args.out), key)
-    except signing.EvidenceError as error:
+    except EvidenceError as error:
         return refuse("merge", EXIT_CODES[error.kind], f"{error.kind}: {error.reason}")
     except (ValueError, OSError) as error:  # a shard's artifact outside -o; a folder that cannot be written
         return refuse("merge", 2, str(error))
-    signed = f"signed, keyid {signing.keyid(key.public_key())[:16]}" if key else "UNSIGNED"
+    signed = f"signed, keyid {keyid(key.public_key())[:16]}" if key else "UNSIGNED"
     print(f"merged {len(args.shards)} shards into {path} ({signed})")
     return 0
 

@@ -36,7 +36,7 @@ def _identity(args) -> int:
 
 def _candidate_identity(args) -> int:
     from h3gate.candidates import CandidateError, load
-    from h3gate.evidence import candidate_lock
+    from h3gate.evidence.candidate_lock import write as write_candidate_lock
     from h3gate.evidence.statement import candidate_digest, tool
 
     try:
@@ -49,7 +49,7 @@ def _candidate_identity(args) -> int:
         if problem:
             return refuse("identity", 2, f"--lock {args.lock}: {problem}")
         try:
-            candidate_lock.write(Path(args.lock), identity)
+            write_candidate_lock(Path(args.lock), identity)
         except OSError as error:
             return refuse("identity", 2, str(error))
     print(printable(f"{identity['name']} {candidate_digest(identity)} (h3gate {writer['version']} source "
