@@ -31,10 +31,11 @@ from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis.errors import FlakyFailure
 from hypothesis import strategies as st
 
-from h3gate import numerics, op_calls, op_contract, op_registry
+from h3gate import numerics, op_calls, op_registry
+from h3gate.candidates import op_invariants
 from h3gate.compare import bias, max_abs, relative_l2
-from h3gate.presets import RELEASE
-from h3gate.verdict import Check, GateResult, no_deterministic_kernel
+from h3gate.model.presets import RELEASE
+from h3gate.verdict import Check, GateResult, Provenance, no_deterministic_kernel
 
 GATE = "kernel"
 ERROR_FACTOR = 2.0
@@ -453,7 +454,7 @@ _DRAWS = {
         examples=({"rows": 467, "heads": 2, "head_dim": 32, "batch": 1, "peak": 2.0},
                   {"rows": 300, "heads": 3, "head_dim": 128, "batch": 2, "peak": 2.0}),
         edges=("rows",), long=("rows",),
-        # Each (batch, head) is a program of its own: past two heads, more select nothing (56 cost 10 s a run). Its
+        # Each (batch, head) is a program of its own: past two heads, more select nothing and only cost time. Its
         # reductions over the model's 38,733 keys and queries cost S x S: none runs on the CPU.
         from_call=_attention_call, narrow=(("rows", 16, ()), ("heads", 2, (2,))),
         tiers=({"rows": 33, "heads": 3, "head_dim": 128, "batch": 1, "peak": 1.0, "aligned": True},),
@@ -573,7 +574,7 @@ def _contract_checks(label: str, dtype_name: str, candidate: _Run, provider: _Ru
     checks = [_verdict(f"{label}.inputs", "inputs_unchanged", f"changed in place: {', '.join(changed)}" if changed else None,
                        {"output": "inputs", "dtype": dtype_name})]
     for name, got in candidate.results.items():
-        breach = op_contract.breach(got, provider.results[name], candidate.inputs)
+        breach = op_invariants.breach(got, provider.results[name], candidate.inputs)
         checks.append(_verdict(f"{label}.{name}", "output_contract", breach, {"output": name, "dtype": dtype_name}))
     return checks
 
@@ -597,7 +598,7 @@ def _fresh_checks(label: str, dtype_name: str, first: _Run, again: _Run) -> list
     buffer on every call overwrites the result its caller kept from the call before."""
     checks = []
     for name, got in again.results.items():
-        shared = [earlier for earlier, kept in first.results.items() if op_contract.shares_storage(got, kept)]
+        shared = [earlier for earlier, kept in first.results.items() if op_invariants.shares_storage(got, kept)]
         problem = f"shares storage with the previous call's {', '.join(shared)}" if shared else None
         checks.append(_verdict(f"{label}.{name}", "output_fresh", problem, {"output": name, "dtype": dtype_name}))
     return checks
@@ -787,7 +788,7 @@ def check(
     params = {"op": op} if set(dtypes) == set(DTYPES) else {"op": op, "dtype": "+".join(dtypes)}
     if op not in ops:
         missing = Check.failed(op, "missing", f"candidate {candidate.name} offers no standalone {op}")
-        return GateResult(GATE, params, [missing], {"candidate": candidate.identity()})
+        return GateResult(GATE, params, [missing], provenance=Provenance.of(candidate=candidate))
     spec = OP_SPECS[op]
     limits = limits or (GPU_LIMITS if torch.device(device).type == "cuda" else INTERPRETER_LIMITS)
     kept: dict[str, Check] = {}
@@ -847,8 +848,9 @@ def check(
         GATE,
         params,
         list(kept.values()),
-        {"candidate": candidate.identity(), "rule": f"error <= {ERROR_FACTOR} x torch's + {FLOOR_ULPS} ULP"},
+        {"rule": f"error <= {ERROR_FACTOR} x torch's + {FLOOR_ULPS} ULP"},
         {"examples": examples["count"]},
+        provenance=Provenance.of(candidate=candidate),
     )
 
 
