@@ -155,3 +155,26 @@ def pytest_sessionfinish(session):
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider")
     assert result.ret == 0, result.stdout.str() + result.stderr.str()
     result.stdout.fnmatch_lines(["*1 passed*"])
+
+
+def test_every_option_is_named_in_one_place():
+    """Outside ``pytest_h3/options.py`` the plugin's code names no ``--h3-`` option in a string of its own (its
+    docstrings and comments may)."""
+    import ast
+    from pathlib import Path
+
+    import pytest_h3
+
+    named = {}
+    for path in sorted(Path(pytest_h3.__file__).parent.glob("*.py")):
+        if path.name == "options.py":
+            continue
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef)) and node.body
+                      and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+        found = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Constant)
+                 and isinstance(node.value, str) and "--h3-" in node.value and id(node) not in docstrings]
+        if found:
+            named[path.name] = found
+    assert named == {}
