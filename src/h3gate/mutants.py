@@ -616,3 +616,6 @@ class MutantCandidate(Candidate):
 
     def kernel_ops(self) -> dict:
         return self.inner.kernel_ops()
+
+    def launch_paths(self):
+        return self.inner.launch_paths()

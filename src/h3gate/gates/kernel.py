@@ -30,7 +30,7 @@ import torch
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 
-from h3gate import numerics, op_calls, op_contract, op_registry
+from h3gate import launch_paths, numerics, op_calls, op_contract, op_registry
 from h3gate.compare import bias, max_abs, relative_l2
 from h3gate.presets import RELEASE
 from h3gate.verdict import Check, GateResult, no_deterministic_kernel
@@ -173,13 +173,27 @@ def _call_dtype(call: op_calls.Call) -> str:
 
 
 # Dims that select no code path: the free row count the interpreter shrinks (its partial last tile is the edge
-# examples' business), how many AdaLN table rows the rows pick from, and the inputs' magnitudes.
-FREE = ("rows", "table_rows", "magnitude", "peak")
+# examples' business) and the inputs' magnitudes. (The AdaLN table's rows do: the kernels' deterministic sums over
+# table rows run as many programs, in blocks of the next power of two.)
+FREE = ("rows", "magnitude", "peak")
 
 
 def path_class(dims: dict) -> tuple:
     """The code paths an example selects: its dims but the :data:`FREE` ones, with autograd where it names no mode."""
     return tuple(sorted((k, v) for k, v in {"mode": op_calls.AUTOGRAD, **dims}.items() if k not in FREE))
+
+
+def _call_dims(spec: "OpSpec", call: op_calls.Call, narrow: bool) -> dict:
+    """The dims of ``spec``'s example of a model's call: its shapes as the op's dims, its grad mode and, where the call
+    differs from the op's default there, the inputs that need gradients; ``narrow`` (the interpreter) narrows the
+    dims of ``spec.narrow``."""
+    dims = {**spec.from_call(call), "mode": call.mode}
+    if narrow:
+        dims.update({name: narrowed(dims[name], tile, past) for name, tile, past in spec.narrow})
+    needs = [name for name, arg in call.args if arg is not None and arg.grad]
+    if call.mode == op_calls.AUTOGRAD and needs != spec.build(dims, torch.float32, torch.Generator())["grads"]:
+        dims["grads"] = tuple(needs)
+    return dims
 
 
 def model_examples(spec: "OpSpec", calls, dtype_name: str, narrow: bool) -> list[dict]:
@@ -189,17 +203,7 @@ def model_examples(spec: "OpSpec", calls, dtype_name: str, narrow: bool) -> list
     The first call without autograd is also made under ``torch.inference_mode()``, as callers outside the pipeline
     make it. A path class runs once: the tiny and the release model share most, and every repeat of a 56-head or
     5,376-wide example cost seconds under the interpreter."""
-    out = []
-    for call in calls:
-        if call.op != spec.op.name or _call_dtype(call) != dtype_name:
-            continue
-        dims = {**spec.from_call(call), "mode": call.mode}
-        if narrow:
-            dims.update({name: narrowed(dims[name], tile, past) for name, tile, past in spec.narrow})
-        needs = [name for name, arg in call.args if arg is not None and arg.grad]
-        if call.mode == op_calls.AUTOGRAD and needs != spec.build(dims, torch.float32, torch.Generator())["grads"]:
-            dims["grads"] = tuple(needs)
-        out.append(dims)
+    out = [_call_dims(spec, call, narrow) for call in calls if call.op == spec.op.name and _call_dtype(call) == dtype_name]
     out += [{**d, "mode": op_calls.INFERENCE} for d in out if d["mode"] == op_calls.NO_GRAD][:1]
     seen, kept = {path_class(d) for d in spec.examples}, []
     for dims in out:
@@ -423,8 +427,9 @@ _DRAWS = {
         edges=("rows", "k", "n"), long=("rows", "k"),  # the weight gradient reduces over the rows
         reduces=(("rows", {"k": FEW, "n": FEW}), ("k", {"rows": FEW, "n": FEW}), ("n", {"rows": FEW, "k": FEW})),
         # K and N select no path of their own past 64 (the K step) but through their residue (partial tiles, 16-byte
-        # rows); the long-reduction examples keep the model's lengths.
-        from_call=_linear_call, narrow=(("rows", 16, ()), ("k", 64, ()), ("n", 64, ())),
+        # rows) and, for a product of at most 16 rows, past two chunks of 4,096 (split K: the forward's K, the input
+        # gradient's N); the long-reduction examples keep the model's lengths.
+        from_call=_linear_call, narrow=(("rows", 16, ()), ("k", 64, (8192,)), ("n", 64, (8192,))),
     ),
     # The input gradient reduces over N: past two chunks of 4,096 it is split K, so N stays past 8,192.
     "silu_linear": dict(dims=_silu_linear_dims, build=_silu_linear_build, examples=({"t": 3, "e": 32, "n": 1152},),
@@ -785,9 +790,12 @@ def check(
         return GateResult(GATE, params, [missing], {"candidate": candidate.identity()})
     spec = OP_SPECS[op]
     limits = limits or (GPU_LIMITS if torch.device(device).type == "cuda" else INTERPRETER_LIMITS)
+    interpreted = torch.device(device).type != "cuda"
     kept: dict[str, Check] = {}
     failure: list[Check] = []
     examples = {"count": 0}
+    probe = candidate.launch_paths()
+    reached: dict[str, str] = {}  # path -> the first example that reached it
 
     def keep(checks: list[Check]) -> None:
         for c in checks:
@@ -811,14 +819,16 @@ def check(
         def search(dims, seed):
             examples["count"] += 1
             progress(f"{op} {dtype_name} #{examples['count']}")
-            checks = evaluate(spec, ops[op], dims, dtype, device, seed)
+            with probe.recording() if probe else contextlib.nullcontext([_class_path(op, dims)]) as launched:
+                checks = evaluate(spec, ops[op], dims, dtype, device, seed)
+            for path in launched:
+                reached.setdefault(str(path), f"{op}[{_dims_label(dims)}, {dtype_name}]")
             bad = [c for c in checks if not c.passed]
             if bad:
                 failure[:] = checks
                 raise KernelMismatch(bad[0].line())
             keep(checks)
 
-        interpreted = torch.device(device).type != "cuda"
         shaped = model_examples(spec, calls, dtype_name, narrow=interpreted)
         shaped += long_examples(spec, calls, dtype_name) if interpreted else []
         for explicit in (*spec.examples, *edge_examples(spec, limits), *tier_examples(spec), *shaped):
@@ -832,13 +842,56 @@ def check(
 
         raise NotClaimed(f"not claimed: candidate {candidate.name}'s {op} declined every shape the kernel gate drew "
                          "(returned NotImplemented; the provider's op runs for them)")
+    entries = _path_entries(probe, spec, calls, dtypes, str(device), reached, interpreted)
+    path_checks = _path_checks(op, entries, "+".join(dtypes)) if probe and not failure else []
+    paths = {"source": "launches" if probe else "model-shaped examples", "device": str(device),
+             "complete": not failure, "entries": [entry.__dict__ for entry in entries]}
     return GateResult(
         GATE,
         params,
-        list(kept.values()),
-        {"candidate": candidate.identity(), "rule": f"error <= {ERROR_FACTOR} x torch's + {FLOOR_ULPS} ULP"},
+        list(kept.values()) + path_checks,
+        {"candidate": candidate.identity(), "rule": f"error <= {ERROR_FACTOR} x torch's + {FLOOR_ULPS} ULP",
+         "paths": paths},
         {"examples": examples["count"]},
     )
+
+
+def _class_path(op: str, dims: dict) -> str:
+    """A path as the model-shaped examples see it, for a candidate that declares none: the op and its path class."""
+    return f"{op}[{' '.join(f'{k}={v}' for k, v in path_class(dims))}]"
+
+
+def _path_entries(probe, spec: OpSpec, calls, dtypes, device: str, reached: dict, narrow: bool) -> list:
+    """Each path the model's calls of ``spec``'s op at ``dtypes`` take, planned shape-only through the candidate's
+    declared paths (or, where it declares none, its path class), with the example that reached it."""
+    taken: dict[str, list[str]] = {}
+    left: dict[str, tuple[str, list[str]]] = {}
+    for call in calls:
+        if call.op != spec.op.name or _call_dtype(call) not in dtypes:
+            continue
+        label = launch_paths.call_label(call)
+        if probe:
+            planned, elsewhere = launch_paths.planned(probe, call, device)
+        else:
+            planned, elsewhere = [_class_path(spec.op.name, _call_dims(spec, call, narrow))], []
+        for path in planned:
+            taken.setdefault(path, []).append(label)
+        for path, why in elsewhere:
+            left.setdefault(path, (why, []))[1].append(label)
+    return launch_paths.report(taken, left, reached)
+
+
+def _path_checks(op: str, entries: list, dtype: str) -> list[Check]:
+    """One failed check per path the model launches that no example reached (naming it), else one passed check (none
+    where the model launches none at this dtype)."""
+    unreached = [entry for entry in entries if entry.reached_by is None and entry.left_out is None]
+    key = {"output": "paths", "dtype": dtype}
+    if not entries:
+        return []
+    if not unreached:
+        return [Check(f"{op}.paths", "path_coverage", 0.0, 0.0, True, {**key, "paths": len(entries)})]
+    return [Check.failed(f"{op}.paths", "path_coverage", f"the model launches {entry.path}, which no example reached "
+                         f"(model calls: {'; '.join(entry.calls)})", **key) for entry in unreached]
 
 
 # The gate protocol (:mod:`h3gate.gates`) ------------------------------------------------------------------
