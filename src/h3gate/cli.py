@@ -509,6 +509,46 @@ def _power(args) -> int:
     return 0 if report.passed else 1
 
 
+def _paths(args) -> int:
+    import os
+
+    problem = _device_problem(args.device)
+    if problem:
+        return _refuse("paths", 2, problem)
+    device = args.device or "cpu"
+    if device == "cpu" and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
+        os.environ["TRITON_INTERPRET"] = "1"  # as pytest-h3 does: before anything imports triton
+
+    from h3gate import op_calls
+    from h3gate.candidates import CandidateError, load
+    from h3gate.gates import kernel
+    from h3gate.model import ModelError, load_model
+    from h3gate.presets import RELEASE, TRANSFORMER_CONFIGS
+
+    suite = args.suite or args.model
+    loaders = {name: None if name == RELEASE or name in TRANSFORMER_CONFIGS else lambda name=name: load_model(name)
+               for name in (args.model, suite)}
+    try:
+        candidate = load(args.candidate)
+        calls = op_calls.model_calls(args.model, Path(args.thresholds), loaders[args.model])
+        examples_from = kernel.suite_calls(suite, Path(args.thresholds), device, loaders[suite])
+        reports = {op: kernel.planned_paths(candidate, op, device, calls=calls, suite_calls=examples_from,
+                                            max_examples=args.examples) for op in kernel.OPS}
+    except (CandidateError, ModelError, ValueError) as error:
+        return _refuse("paths", 2, str(error))
+    print(f"# Paths of {args.model}'s op calls on {device}, candidate {candidate.name}: each planned shape-only, with "
+          f"the kernel gate's example that reaches it (pytest -m gate tests/gates/test_kernels.py --h3-model={suite} "
+          f"--h3-device={device}; planned here, recorded from its runs there)")
+    unreached = 0
+    for op, entries in reports.items():
+        print(f"\n## {op}")
+        for entry in entries:
+            print(f"- {entry.line()}")
+            unreached += entry.reached_by is None and entry.left_out is None
+    print(f"\n{sum(map(len, reports.values()))} paths, {unreached} unreached")
+    return 1 if unreached else 0
+
+
 def _add_checks(parser: argparse.ArgumentParser, thresholds_required: bool) -> None:
     """The options shared by verify and sign: what the evidence must hold."""
     parser.add_argument("--expect-candidate", metavar="NAME",
@@ -678,6 +718,24 @@ def build_parser() -> argparse.ArgumentParser:
     power.add_argument("--out", default="h3-out/power", help="working folder for captures and generations")
     power.add_argument("-o", "--json", default=None, help="write the report as JSON here")
     power.set_defaults(run=_power)
+
+    paths = commands.add_parser(
+        "paths",
+        help="every code path a model's op calls take (kernel, tiling, specialisation), and the kernel-gate example "
+        "that reaches each",
+        description="Plans the model's op calls shape-only through the candidate's declared launch paths (no kernel "
+        "runs; the release model's calls in seconds), and the kernel gate's examples the same way: exit 1 when a path "
+        "the model launches is reached by no example. A path this device cannot launch is listed with the reason.",
+    )
+    paths.add_argument("--model", default="tiny", help="tiny (default), edge, small, release or a checkpoint folder")
+    paths.add_argument("--device", default=None, help="cpu (default: Triton's interpreter) or cuda")
+    paths.add_argument("--suite", default=None, help="the model whose kernel-gate examples reach the paths (default: "
+                       "--model; `make gate` runs tiny's)")
+    paths.add_argument("--candidate", default="h3_triton", help="a candidate declaring launch paths (default: h3_triton)")
+    paths.add_argument("--examples", type=int, default=8, help="shapes hypothesis draws per op and dtype (the gate's "
+                       "--h3-kernel-examples, default 8)")
+    paths.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")
+    paths.set_defaults(run=_paths)
 
     keygen = commands.add_parser("keygen", help="create an Ed25519 key pair for signing evidence")
     keygen.add_argument("out_dir", metavar="OUT_DIR", help="folder for h3gate-signing-key.pem (0600) and .pub.pem")

@@ -95,3 +95,15 @@ def test_release_paths_name_split_k_and_wide_rows():
     assert any(p.startswith("gemm._chunk_sum_kernel[") for p in planned)
     assert any(p.startswith("norm._forward_kernel[") and "chunked=True" in p for p in planned)
     assert any(p.startswith("rope._forward_kernel[") and "BLOCK_H=64" in p for p in planned)  # 56 heads
+
+
+def test_h3gate_paths_lists_every_release_path_on_cpu_with_the_example_reaching_it(capsys):
+    from h3gate.cli import main
+
+    assert main(["paths", "--model", "release", "--suite", "tiny", "--device", "cpu", "--examples", "1"]) == 0
+    out = capsys.readouterr().out
+    assert out.rstrip().endswith(", 0 unreached")
+    assert "- attention._fwd_kernel[dtypes=bfloat16+float32 HEAD_DIM=128 DESCRIBED=True BLOCK_M=128 BLOCK_N=128 " \
+           "keys=full+partial]: reached by attention[rows=300,heads=3,head_dim=128,batch=2,peak=2.0, bfloat16]" in out
+    assert "- attention_hopper._backward_kernel[dtypes=bfloat16 HEAD_DIM=128]: left out: Gluon kernels" in out
+    assert main(["paths", "--model", "release", "--candidate", "provider"]) == 2  # it declares no launch paths

@@ -673,7 +673,7 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
     side = _torch_side(spec, dims, dtype, device, seed)
     built, reference = side.built, side.reference
     dtype_name = str(dtype).removeprefix("torch.")
-    label = f"{spec.op.name}[{_dims_label(dims)}, {dtype_name}]"
+    label = _example_label(spec.op.name, dims, dtype_name)
     # Two runs are compared bitwise, so torch's own ops run deterministically in both (on CUDA the provider's
     # index_select and SDPA backwards otherwise add with atomics in any order).
     with numerics.deterministic():
@@ -805,36 +805,22 @@ def check(
 
     for dtype_name in dtypes:
         dtype = DTYPES[dtype_name]
-        phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
 
-        @settings(
-            max_examples=max_examples,
-            derandomize=True,
-            database=None,
-            deadline=None,
-            phases=phases,
-            suppress_health_check=list(HealthCheck),
-        )
-        @given(dims=spec.dims(limits), seed=st.integers(0, 2**31 - 1))
-        def search(dims, seed):
+        def visit(dims, seed):
             examples["count"] += 1
             progress(f"{op} {dtype_name} #{examples['count']}")
             with probe.recording() if probe else contextlib.nullcontext([_class_path(op, dims)]) as launched:
                 checks = evaluate(spec, ops[op], dims, dtype, device, seed)
             for path in launched:
-                reached.setdefault(str(path), f"{op}[{_dims_label(dims)}, {dtype_name}]")
+                reached.setdefault(str(path), _example_label(op, dims, dtype_name))
             bad = [c for c in checks if not c.passed]
             if bad:
                 failure[:] = checks
                 raise KernelMismatch(bad[0].line())
             keep(checks)
 
-        shaped = model_examples(spec, calls, dtype_name, narrow=interpreted)
-        shaped += long_examples(spec, calls, dtype_name) if interpreted else []
-        for explicit in (*spec.examples, *edge_examples(spec, limits), *tier_examples(spec), *shaped):
-            search = example(dims=explicit, seed=0)(search)
         try:
-            search()
+            _search(spec, limits, calls, dtype_name, interpreted, max_examples, shrink, visit)
         except KernelMismatch:
             keep(failure)  # the shrunk (minimal) failing example's checks
     if kept and all(c.kind == DECLINED for c in kept.values()):
@@ -854,6 +840,64 @@ def check(
          "paths": paths},
         {"examples": examples["count"]},
     )
+
+
+def _search(spec: OpSpec, limits: Limits, calls, dtype_name: str, interpreted: bool, max_examples: int, shrink: bool,
+            visit: Callable[[dict, int], None]) -> None:
+    """``visit(dims, seed)`` on every example of ``spec`` at ``dtype_name``: the op's own, its edges and range tiers, one
+    per path class of the model's ``calls`` (on the interpreter narrowed, and its long reductions), then
+    ``max_examples`` that hypothesis draws (derandomized: the same every run). A :class:`KernelMismatch` raised by
+    ``visit`` ends the search, with the failing example shrunk to a minimal one where ``shrink``."""
+
+    @settings(
+        max_examples=max_examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else []),
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(dims=spec.dims(limits), seed=st.integers(0, 2**31 - 1))
+    def search(dims, seed):
+        visit(dims, seed)
+
+    shaped = model_examples(spec, calls, dtype_name, narrow=interpreted)
+    shaped += long_examples(spec, calls, dtype_name) if interpreted else []
+    for explicit in (*spec.examples, *edge_examples(spec, limits), *tier_examples(spec), *shaped):
+        search = example(dims=explicit, seed=0)(search)
+    search()
+
+
+def planned_paths(candidate, op: str, device: str, *, calls, suite_calls, dtypes=tuple(DTYPES), max_examples: int = 8,
+                  limits: Limits | None = None) -> list[launch_paths.Entry]:
+    """The kernel gate's path report of ``op`` without running a kernel: the paths the model's ``calls`` take and the
+    example of the gate's search (as it runs over ``suite_calls``) that reaches each, both planned through the
+    candidate's declared paths from the same host code its launches run (the gate itself records its examples'
+    launches)."""
+    probe = candidate.launch_paths()
+    if probe is None:
+        raise ValueError(f"candidate {candidate.name} declares no launch paths: the kernel gate reports its model's path "
+                         "classes by its model-shaped examples")
+    spec, fn = OP_SPECS[op], probe.ops[op]
+    interpreted = torch.device(device).type != "cuda"
+    limits = limits or (GPU_LIMITS if not interpreted else INTERPRETER_LIMITS)
+    reached: dict[str, str] = {}
+    for dtype_name in dtypes:
+        dtype = DTYPES[dtype_name]
+
+        def visit(dims, seed):
+            built = _built(spec, dims, dtype, device, seed)
+            with probe.planning() as launched, contextlib.suppress(Declined):
+                _forward_backward(fn, built, dtype, device, seed, poison=True)
+            for path in launched:
+                reached.setdefault(str(path), _example_label(op, dims, dtype_name))
+
+        _search(spec, limits, suite_calls, dtype_name, interpreted, max_examples, False, visit)
+    return _path_entries(probe, spec, calls, dtypes, str(device), reached, interpreted)
+
+
+def _example_label(op: str, dims: dict, dtype_name: str) -> str:
+    return f"{op}[{_dims_label(dims)}, {dtype_name}]"
 
 
 def _class_path(op: str, dims: dict) -> str:
@@ -878,7 +922,9 @@ def _path_entries(probe, spec: OpSpec, calls, dtypes, device: str, reached: dict
             taken.setdefault(path, []).append(label)
         for path, why in elsewhere:
             left.setdefault(path, (why, []))[1].append(label)
-    return launch_paths.report(taken, left, reached)
+    once = {path: list(dict.fromkeys(labels)) for path, labels in taken.items()}  # calls apart only in storage offsets
+    return launch_paths.report(once, {path: (why, list(dict.fromkeys(labels))) for path, (why, labels) in left.items()},
+                               reached)
 
 
 def _path_checks(op: str, entries: list, dtype: str) -> list[Check]:
@@ -907,13 +953,14 @@ def bounds_file(run) -> None:
     return None  # the rule compares with torch in the same run
 
 
-def shipped_calls(run) -> tuple[op_calls.Call, ...]:
-    """The op calls the kernel gate qualifies: the run's model's, and on the CPU the release model's too (shape-only),
-    so that the interpreter's narrowed examples reach the paths the shipped model's widths, heads and lengths take."""
-    calls = op_calls.model_calls(run.model_name, run.thresholds, lambda: run.model)
-    if torch.device(run.device).type == "cuda" or run.model_name == RELEASE:
+def suite_calls(model_name: str, thresholds, device: str, load=None) -> tuple[op_calls.Call, ...]:
+    """The op calls the kernel gate of ``model_name`` on ``device`` qualifies: the model's, and on the CPU the release
+    model's too (shape-only), so that the interpreter's narrowed examples reach the paths the shipped model's widths,
+    heads and lengths take. ``load``: the model, for a checkpoint's config."""
+    calls = op_calls.model_calls(model_name, thresholds, load)
+    if torch.device(device).type == "cuda" or model_name == RELEASE:
         return calls
-    return calls + op_calls.model_calls(RELEASE, run.thresholds)
+    return calls + op_calls.model_calls(RELEASE, thresholds)
 
 
 def check_item(run, _bounds) -> GateResult:
@@ -929,7 +976,8 @@ def check_item(run, _bounds) -> GateResult:
         raise NotClaimed(reasons[0])
     with run.progress(None) as bar:
         result = check(run.candidate, op, run.device, dtypes=dtypes, max_examples=run.kernel_examples,
-                       shrink=run.kernel_shrink, progress=bar.step, calls=shipped_calls(run))
+                       shrink=run.kernel_shrink, progress=bar.step,
+                       calls=suite_calls(run.model_name, run.thresholds, run.device, lambda: run.model))
     # The item's own params, whatever dtypes the candidate left out of them, which its evidence names.
     unclaimed = {dtype: reason for dtype, reason in zip(asked, reasons) if reason is not None}
     context = {**result.context, "not_claimed": unclaimed} if unclaimed else result.context
