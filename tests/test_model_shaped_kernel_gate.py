@@ -57,6 +57,25 @@ def test_interpreter_examples_keep_the_release_widths_heads_and_lengths(shipped)
     assert [(e["rows"], e["k"], e["n"]) for e in long] == [(38733, 24, 24), (24, 14336, 24), (24, 24, 28672)]
 
 
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_every_device_reaches_the_release_widths_with_a_small_model(device):
+    """A GPU run of tiny keeps tiny's calls whole and narrows the release model's (no GPU holds the release's
+    attention reference in float64): the rows wider than 2,048 and the reductions over 38,733 rows are reached on
+    every device, not only by a CPU run."""
+    run = type("Run", (), {"model_name": "tiny", "thresholds": THRESHOLDS, "device": device, "model": None})()
+    calls, shrunk = kernel_gate.shipped_calls(run)
+    tiny, release = op_calls.model_calls("tiny", THRESHOLDS), op_calls.model_calls("release", THRESHOLDS)
+    assert (calls, shrunk) == ((tiny, release) if device == "cuda" else (tiny + release, ()))
+    spec = kernel_gate.OP_SPECS["rms_norm_modulate"]
+    shaped = kernel_gate.model_examples(spec, calls, "bfloat16", narrow=device == "cpu", shrunk=shrunk)
+    wide = [e for e in shaped if e["c"] == 5376]
+    assert wide and max(e["rows"] for e in wide) <= 32
+    tiny_rows = {d["rows"] for d in kernel_gate.model_examples(spec, tiny, "bfloat16", narrow=False)}
+    assert device == "cpu" or tiny_rows <= {e["rows"] for e in shaped}  # tiny's own calls whole on a GPU
+    long = kernel_gate.long_examples(kernel_gate.OP_SPECS["linear"], calls if device == "cpu" else shrunk, "bfloat16")
+    assert max(e["rows"] for e in long) == 38733
+
+
 def test_each_path_class_of_the_release_model_runs_once(shipped):
     release = op_calls.model_calls("release", THRESHOLDS)
     for spec in kernel_gate.OP_SPECS.values():

@@ -532,7 +532,7 @@ def _paths(args) -> int:
         candidate = load(args.candidate)
         calls = op_calls.model_calls(args.model, Path(args.thresholds), loaders[args.model])
         examples_from = kernel.suite_calls(suite, Path(args.thresholds), device, loaders[suite])
-        reports = {op: kernel.planned_paths(candidate, op, device, calls=calls, suite_calls=examples_from,
+        reports = {op: kernel.planned_paths(candidate, op, device, calls=calls, suite=examples_from,
                                             max_examples=args.examples) for op in kernel.OPS}
     except (CandidateError, ModelError, ValueError) as error:
         return _refuse("paths", 2, str(error))

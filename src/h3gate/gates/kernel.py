@@ -185,8 +185,8 @@ def path_class(dims: dict) -> tuple:
 
 def _call_dims(spec: "OpSpec", call: op_calls.Call, narrow: bool) -> dict:
     """The dims of ``spec``'s example of a model's call: its shapes as the op's dims, its grad mode and, where the call
-    differs from the op's default there, the inputs that need gradients; ``narrow`` (the interpreter) narrows the
-    dims of ``spec.narrow``."""
+    differs from the op's default there, the inputs that need gradients; ``narrow`` narrows the dims of
+    ``spec.narrow``."""
     dims = {**spec.from_call(call), "mode": call.mode}
     if narrow:
         dims.update({name: narrowed(dims[name], tile, past) for name, tile, past in spec.narrow})
@@ -196,14 +196,22 @@ def _call_dims(spec: "OpSpec", call: op_calls.Call, narrow: bool) -> dict:
     return dims
 
 
-def model_examples(spec: "OpSpec", calls, dtype_name: str, narrow: bool) -> list[dict]:
+def _narrowing(calls, narrow: bool, shrunk) -> list[tuple[op_calls.Call, bool]]:
+    """Each of ``calls`` with ``narrow``, then each of ``shrunk`` narrowed."""
+    return [(call, narrow) for call in calls] + [(call, True) for call in shrunk]
+
+
+def model_examples(spec: "OpSpec", calls, dtype_name: str, narrow: bool, shrunk=()) -> list[dict]:
     """One example per path class (:func:`path_class`) of ``spec``'s op's calls at ``dtype_name`` among a model's
-    ``calls`` that ``spec``'s own examples do not run, with its grad mode and, where the call differs from the op's
-    default there, the inputs that need gradients; ``narrow`` (the interpreter) narrows the dims of ``spec.narrow``.
+    ``calls`` and ``shrunk`` calls that ``spec``'s own examples do not run, with its grad mode and, where the call
+    differs from the op's default there, the inputs that need gradients; ``narrow`` (the interpreter) narrows the dims
+    of ``spec.narrow`` of ``calls``, and those of ``shrunk`` are narrowed on every device (the release model's on a
+    GPU, at the row counts a GPU run of a small model can afford).
     The first call without autograd is also made under ``torch.inference_mode()``, as callers outside the pipeline
     make it. A path class runs once: the tiny and the release model share most, and every repeat of a 56-head or
     5,376-wide example cost seconds under the interpreter."""
-    out = [_call_dims(spec, call, narrow) for call in calls if call.op == spec.op.name and _call_dtype(call) == dtype_name]
+    out = [_call_dims(spec, call, narrow_it) for call, narrow_it in _narrowing(calls, narrow, shrunk)
+           if call.op == spec.op.name and _call_dtype(call) == dtype_name]
     out += [{**d, "mode": op_calls.INFERENCE} for d in out if d["mode"] == op_calls.NO_GRAD][:1]
     seen, kept = {path_class(d) for d in spec.examples}, []
     for dims in out:
@@ -774,9 +782,11 @@ def check(
     limits: Limits | None = None,
     shrink: bool = True,
     calls: tuple = (),
+    shrunk: tuple = (),
     progress=lambda message: None,
 ) -> GateResult:
-    """Search shapes for one op of ``candidate``; the worst check per (dtype, output) is kept, failures shrunk."""
+    """Search shapes for one op of ``candidate``; the worst check per (dtype, output) is kept, failures shrunk. The
+    model-shaped examples come from ``calls`` (at full size on a GPU) and ``shrunk`` (:func:`shipped_calls`)."""
     ops = candidate.kernel_ops()
     if op not in OP_SPECS:
         raise ValueError(f"unknown kernel op {op!r}; ops: {', '.join(OPS)}")
@@ -820,7 +830,7 @@ def check(
             keep(checks)
 
         try:
-            _search(spec, limits, calls, dtype_name, interpreted, max_examples, shrink, visit)
+            _search(spec, limits, calls, shrunk, dtype_name, interpreted, max_examples, shrink, visit)
         except KernelMismatch:
             keep(failure)  # the shrunk (minimal) failing example's checks
     if kept and all(c.kind == DECLINED for c in kept.values()):
@@ -828,7 +838,7 @@ def check(
 
         raise NotClaimed(f"not claimed: candidate {candidate.name}'s {op} declined every shape the kernel gate drew "
                          "(returned NotImplemented; the provider's op runs for them)")
-    entries = _path_entries(probe, spec, calls, dtypes, str(device), reached, interpreted)
+    entries = _path_entries(probe, spec, _narrowing(calls, interpreted, shrunk), dtypes, str(device), reached)
     path_checks = _path_checks(op, entries, "+".join(dtypes)) if probe and not failure else []
     paths = {"source": "launches" if probe else "model-shaped examples", "device": str(device),
              "complete": not failure, "entries": [entry.__dict__ for entry in entries]}
@@ -842,10 +852,11 @@ def check(
     )
 
 
-def _search(spec: OpSpec, limits: Limits, calls, dtype_name: str, interpreted: bool, max_examples: int, shrink: bool,
-            visit: Callable[[dict, int], None]) -> None:
+def _search(spec: OpSpec, limits: Limits, calls, shrunk, dtype_name: str, interpreted: bool, max_examples: int,
+            shrink: bool, visit: Callable[[dict, int], None]) -> None:
     """``visit(dims, seed)`` on every example of ``spec`` at ``dtype_name``: the op's own, its edges and range tiers, one
-    per path class of the model's ``calls`` (on the interpreter narrowed, and its long reductions), then
+    per path class of the model's ``calls`` and the ``shrunk`` ones (:func:`model_examples`) and their long reductions,
+    then
     ``max_examples`` that hypothesis draws (derandomized: the same every run). A :class:`KernelMismatch` raised by
     ``visit`` ends the search, with the failing example shrunk to a minimal one where ``shrink``."""
 
@@ -861,17 +872,17 @@ def _search(spec: OpSpec, limits: Limits, calls, dtype_name: str, interpreted: b
     def search(dims, seed):
         visit(dims, seed)
 
-    shaped = model_examples(spec, calls, dtype_name, narrow=interpreted)
-    shaped += long_examples(spec, calls, dtype_name) if interpreted else []
+    shaped = model_examples(spec, calls, dtype_name, narrow=interpreted, shrunk=shrunk)
+    shaped += long_examples(spec, calls if interpreted else shrunk, dtype_name)
     for explicit in (*spec.examples, *edge_examples(spec, limits), *tier_examples(spec), *shaped):
         search = example(dims=explicit, seed=0)(search)
     search()
 
 
-def planned_paths(candidate, op: str, device: str, *, calls, suite_calls, dtypes=tuple(DTYPES), max_examples: int = 8,
+def planned_paths(candidate, op: str, device: str, *, calls, suite: tuple, dtypes=tuple(DTYPES), max_examples: int = 8,
                   limits: Limits | None = None) -> list[launch_paths.Entry]:
     """The kernel gate's path report of ``op`` without running a kernel: the paths the model's ``calls`` take and the
-    example of the gate's search (as it runs over ``suite_calls``) that reaches each, both planned through the
+    example of the gate's search (as it runs over ``suite``, :func:`suite_calls`) that reaches each, both planned through the
     candidate's declared paths from the same host code its launches run (the gate itself records its examples'
     launches)."""
     probe = candidate.launch_paths()
@@ -892,8 +903,8 @@ def planned_paths(candidate, op: str, device: str, *, calls, suite_calls, dtypes
             for path in launched:
                 reached.setdefault(str(path), _example_label(op, dims, dtype_name))
 
-        _search(spec, limits, suite_calls, dtype_name, interpreted, max_examples, False, visit)
-    return _path_entries(probe, spec, calls, dtypes, str(device), reached, interpreted)
+        _search(spec, limits, *suite, dtype_name, interpreted, max_examples, False, visit)
+    return _path_entries(probe, spec, _narrowing(calls, interpreted, ()), dtypes, str(device), reached)
 
 
 def _example_label(op: str, dims: dict, dtype_name: str) -> str:
@@ -905,12 +916,14 @@ def _class_path(op: str, dims: dict) -> str:
     return f"{op}[{' '.join(f'{k}={v}' for k, v in path_class(dims))}]"
 
 
-def _path_entries(probe, spec: OpSpec, calls, dtypes, device: str, reached: dict, narrow: bool) -> list:
-    """Each path the model's calls of ``spec``'s op at ``dtypes`` take, planned shape-only through the candidate's
-    declared paths (or, where it declares none, its path class), with the example that reached it."""
+def _path_entries(probe, spec: OpSpec, calls: list[tuple[op_calls.Call, bool]], dtypes, device: str,
+                  reached: dict) -> list[launch_paths.Entry]:
+    """Each path the model's ``calls`` (each with whether its examples are narrowed) of ``spec``'s op at ``dtypes``
+    take, planned shape-only through the candidate's declared paths (or, where it declares none, its path class),
+    with the example that reached it."""
     taken: dict[str, list[str]] = {}
     left: dict[str, tuple[str, list[str]]] = {}
-    for call in calls:
+    for call, narrow in calls:
         if call.op != spec.op.name or _call_dtype(call) not in dtypes:
             continue
         label = launch_paths.call_label(call)
@@ -953,14 +966,22 @@ def bounds_file(run) -> None:
     return None  # the rule compares with torch in the same run
 
 
-def suite_calls(model_name: str, thresholds, device: str, load=None) -> tuple[op_calls.Call, ...]:
-    """The op calls the kernel gate of ``model_name`` on ``device`` qualifies: the model's, and on the CPU the release
-    model's too (shape-only), so that the interpreter's narrowed examples reach the paths the shipped model's widths,
-    heads and lengths take. ``load``: the model, for a checkpoint's config."""
+def suite_calls(model_name: str, thresholds, device: str, load=None) -> tuple[tuple[op_calls.Call, ...], tuple[op_calls.Call, ...]]:
+    """The op calls the kernel gate of ``model_name`` on ``device`` qualifies, as ``(calls, shrunk)`` for :func:`check`:
+    the model's, and the release model's too (shape-only), so that narrowed examples reach the paths the shipped
+    model's widths, heads and lengths take (rows wider than 2,048, 56 heads, reductions over 38,733 rows) on every
+    device and with every model. On a GPU the model's calls run at full size and the release model's narrowed; under
+    the interpreter all are narrowed. ``load``: the model, for a checkpoint's config."""
     calls = op_calls.model_calls(model_name, thresholds, load)
-    if torch.device(device).type == "cuda" or model_name == RELEASE:
-        return calls
-    return calls + op_calls.model_calls(RELEASE, thresholds)
+    release = () if model_name == RELEASE else op_calls.model_calls(RELEASE, thresholds)
+    if torch.device(device).type == "cuda":
+        return calls, release
+    return calls + release, ()
+
+
+def shipped_calls(run) -> tuple[tuple[op_calls.Call, ...], tuple[op_calls.Call, ...]]:
+    """:func:`suite_calls` of a gate run."""
+    return suite_calls(run.model_name, run.thresholds, run.device, lambda: run.model)
 
 
 def check_item(run, _bounds) -> GateResult:
@@ -974,10 +995,10 @@ def check_item(run, _bounds) -> GateResult:
     dtypes = tuple(dtype for dtype, reason in zip(asked, reasons) if reason is None)
     if not dtypes:
         raise NotClaimed(reasons[0])
+    calls, shrunk = shipped_calls(run)
     with run.progress(None) as bar:
         result = check(run.candidate, op, run.device, dtypes=dtypes, max_examples=run.kernel_examples,
-                       shrink=run.kernel_shrink, progress=bar.step,
-                       calls=suite_calls(run.model_name, run.thresholds, run.device, lambda: run.model))
+                       shrink=run.kernel_shrink, progress=bar.step, calls=calls, shrunk=shrunk)
     # The item's own params, whatever dtypes the candidate left out of them, which its evidence names.
     unclaimed = {dtype: reason for dtype, reason in zip(asked, reasons) if reason is not None}
     context = {**result.context, "not_claimed": unclaimed} if unclaimed else result.context
