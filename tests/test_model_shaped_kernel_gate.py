@@ -101,6 +101,8 @@ TRIGGERS = {
     "residual-in-place-without-autograd": "mode=",
     "kv-read-with-q-strides": "layout=independent",
     "residual-y-read-with-residual-strides": "layout=independent",
+    "softmax-nan-rows-zeroed": "nonfinite=",
+    "norm-nan-dropping-max": "nonfinite=nan",
 }
 
 

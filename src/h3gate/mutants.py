@@ -530,6 +530,36 @@ def output_reused(op):
     return broken
 
 
+# NaN and infinity swallowed: caught only where an input holds one, which the kernel gate's nonfinite tier puts there.
+
+
+def softmax_nan_rows_zeroed(attention):
+    """Attention whose online softmax zeroes a row its normaliser leaves non-finite (a guard for rows without keys
+    that also swallows the NaN a key carries)."""
+
+    def broken(q, k, v):
+        out = attention(q, k, v)
+        return torch.where(torch.isfinite(out).all(-1, keepdim=True), out, torch.zeros_like(out))
+
+    return broken
+
+
+def norm_nan_dropping_max(rms_norm_modulate):
+    """RMSNorm guarding its mean square with a maximum that drops NaN (Triton's ``tl.maximum`` returns the other
+    operand): a row holding a NaN is scaled by 1/sqrt(eps) instead of becoming NaN, only the NaN element itself stays
+    NaN."""
+
+    def broken(x, weight, eps, scale=None, shift=None, idx=None):
+        out = rms_norm_modulate(x, weight, eps, scale, shift, idx)
+        mean_square = x.detach().float().pow(2).mean(-1, keepdim=True)
+        y = x.float() * eps ** -0.5 * weight.float()
+        if scale is not None:
+            y = y * (1.0 + scale.float().index_select(0, idx)) + shift.float().index_select(0, idx)
+        return torch.where(mean_square.isnan(), y.to(out.dtype), out)
+
+    return broken
+
+
 MUTANTS = {
     m.name: m
     for m in (
@@ -587,6 +617,9 @@ MUTANTS = {
         Mutant("residual-y-read-with-residual-strides", "gated_residual", ("kernel",),
                residual_y_read_with_residual_strides),
         Mutant("swiglu-output-reused", "swiglu", ("kernel",), output_reused),
+        # A NaN or infinity in an input, propagated as torch propagates it: only the kernel gate's nonfinite tier.
+        Mutant("softmax-nan-rows-zeroed", "attention", ("kernel",), softmax_nan_rows_zeroed),
+        Mutant("norm-nan-dropping-max", "rms_norm_modulate", ("kernel",), norm_nan_dropping_max),
     )
 }
 

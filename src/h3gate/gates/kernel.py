@@ -96,6 +96,8 @@ class OpSpec:
     reduces: tuple[tuple[str, dict], ...] = ()
     # The range tier's own examples beyond :func:`tier_examples`' (attention's logits past 88).
     tiers: tuple[dict, ...] = ()
+    # The input :func:`tier_examples` puts a NaN or an infinity in (default: the first), where torch spreads it furthest.
+    nonfinite_input: str = ""
 
 
 def _normal(shape, generator, scale=1.0):
@@ -144,12 +146,19 @@ def narrowed(length: int, tile: int, past: tuple[int, ...] = ()) -> int:
 FEW = 24  # the short dims of a long-reduction example: past a 16-row skinny tile, rows of 48 bytes (16-byte aligned)
 
 
+NONFINITE = {"nan": float("nan"), "inf": float("inf")}
+NONFINITE_ROWS = 33  # past a 32-row tile: the row holding the NaN among others of its tile and program
+
+
 def tier_examples(spec: "OpSpec") -> list[dict]:
     """The op's first example with every input a view of its own strides (q, k and v as a caller outside the model
-    passes them), with outlier activations (but attention, whose range is its logits), and ``spec.tiers``."""
+    passes them), with outlier activations (but attention, whose range is its logits), ``spec.tiers``, and with a NaN,
+    then an infinity, in one element of ``spec.nonfinite_input`` (:func:`_propagation_checks`)."""
     first = spec.examples[0]
     outliers = [] if spec.op.name == "attention" else [{**first, "outliers": True}]
-    return [{**first, "layout": INDEPENDENT}, *outliers, *spec.tiers]
+    few = {"rows": NONFINITE_ROWS} if "rows" in first else {}
+    nonfinite = [{**first, **few, "nonfinite": kind} for kind in NONFINITE]
+    return [{**first, "layout": INDEPENDENT}, *outliers, *spec.tiers, *nonfinite]
 
 
 def long_examples(spec: "OpSpec", calls, dtype_name: str) -> list[dict]:
@@ -462,7 +471,7 @@ _DRAWS = {
         dims=_attention_dims, build=_attention_build,
         examples=({"rows": 467, "heads": 2, "head_dim": 32, "batch": 1, "peak": 2.0},
                   {"rows": 300, "heads": 3, "head_dim": 128, "batch": 2, "peak": 2.0}),
-        edges=("rows",), long=("rows",),
+        edges=("rows",), long=("rows",), nonfinite_input="k",  # a key's NaN reaches every query
         # Each (batch, head) is a program of its own: past two heads, more select nothing (56 cost 10 s a run). Its
         # reductions over the model's 38,733 keys and queries cost S x S: none runs on the CPU.
         from_call=_attention_call, narrow=(("rows", 16, ()), ("heads", 2, (2,))),
@@ -534,7 +543,7 @@ def _forward_backward(fn, built, dtype, device, upstream_seed, poison=False, ref
 
     def note_changes(phase: str) -> None:
         changed.update({name: phase for name, value in inputs.items()
-                        if name not in changed and not torch.equal(value.detach(), before[name])})
+                        if name not in changed and not _same(value.detach(), before[name])})
 
     with _MODE_CONTEXTS.get(mode, contextlib.nullcontext)():
         out = fn(**args)
@@ -599,7 +608,10 @@ def _built(spec: OpSpec, dims: dict, dtype: torch.dtype, device: str, seed: int)
         first = next(iter(built["args"].values()))
         first[..., 1] *= OUTLIERS[0]
         first[..., -1] *= OUTLIERS[1]
-    return {**built, "mode": mode, "grads": grads, "layout": dims.get("layout")}
+    if dims.get("nonfinite"):
+        target = built["args"][spec.nonfinite_input or next(iter(built["args"]))]
+        target[tuple(min(1, n - 1) for n in target.shape)] = NONFINITE[dims["nonfinite"]]
+    return {**built, "mode": mode, "grads": grads, "layout": dims.get("layout"), "nonfinite": dims.get("nonfinite")}
 
 
 def _fresh_checks(label: str, dtype_name: str, first: _Run, again: _Run) -> list[Check]:
@@ -623,6 +635,8 @@ class _TorchSide:
     torch_low: _Run
     scale: float  # the largest magnitude among all reference outputs: the op's natural scale
     errors: dict[str, dict[str, float]]  # output -> relative_l2, max_abs, bias (half precision) of torch's worst, peak
+    # With a NaN or infinity among the inputs, instead of errors: output -> (finite in every torch run, in none).
+    agreed: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 _SHARED: dict | None = None  # (op, dims, dtype, device, seed) -> _TorchSide while :func:`shared_torch_side` holds
@@ -659,6 +673,19 @@ def _torch_side(spec: OpSpec, dims: dict, dtype: torch.dtype, device: str, seed:
                 torch_runs[mode.name] = _forward_backward(spec.op.provider, built, dtype, device, seed)
     torch_low = torch_runs[numerics.PROVIDER.name]
     runs = [run.results for run in torch_runs.values()]
+    if built["nonfinite"]:
+        side = _TorchSide(built, reference, torch_low, 0.0, {}, _agreed_finiteness([reference, *runs]))
+    else:
+        scale = max(ref.double().abs().max().item() for ref in reference.values() if ref.numel())
+        side = _TorchSide(built, reference, torch_low, scale, _torch_errors(reference, runs, dtype))
+    if _SHARED is not None:
+        _SHARED[key] = side
+    return side
+
+
+def _torch_errors(reference: dict, runs: list[dict], dtype: torch.dtype) -> dict[str, dict[str, float]]:
+    """Per output, torch's worst relative L2 and max abs error (and, at half precision, bias) over its ``runs``, and
+    the reference's peak."""
     half = torch.finfo(dtype).eps > FLOAT32_EPS
     errors = {}
     for name, ref in reference.items():
@@ -669,11 +696,18 @@ def _torch_side(spec: OpSpec, dims: dict, dtype: torch.dtype, device: str, seed:
         }
         if half:
             errors[name]["bias"] = max((bias(run[name], ref)[0] for run in runs), key=abs)
-    scale = max(ref.double().abs().max().item() for ref in reference.values() if ref.numel())
-    side = _TorchSide(built, reference, torch_low, scale, errors)
-    if _SHARED is not None:
-        _SHARED[key] = side
-    return side
+    return errors
+
+
+def _agreed_finiteness(runs: list[dict]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per output, where every one of torch's ``runs`` (the float64 reference and each backend at the precision) is
+    finite, and where none is: torch's own propagation of a NaN or infinity in an input. Where its runs disagree (a
+    backend that adds an infinity into a sum where another subtracts it first) the rule asks nothing."""
+    agreed = {}
+    for name in runs[0]:
+        finite = torch.stack([torch.isfinite(run[name]) for run in runs])
+        agreed[name] = (finite.all(0), (~finite).all(0))
+    return agreed
 
 
 def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtype, device: str, seed: int) -> list[Check]:
@@ -708,6 +742,8 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
         return [Check(label, DECLINED, 0.0, 0.0, True, {"output": "all", "dtype": dtype_name,
                                                           "reason": "declined (NotImplemented): the provider's op runs"})]
     checks = _contract_checks(label, dtype_name, candidate, side.torch_low) + _fresh_checks(label, dtype_name, candidate, again)
+    if side.agreed is not None:
+        return checks + _propagation_checks(label, dtype_name, candidate.results, side.agreed)
     candidate, again = candidate.results, again.results
     eps = torch.finfo(dtype).eps
     # The floor's magnitude: the reference's own, or, where the reference is below a few float32 ULP of the op's
@@ -745,6 +781,35 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
                                     {**key, "torch_error": torch_bias, "signed": cand_bias}))
         checks.append(Check(where, "max_abs", cand_abs, abs_bound, cand_abs <= abs_bound, {**key, "torch_error": torch_abs}))
     return checks
+
+
+def _propagation_checks(label: str, dtype_name: str, results: dict, agreed: dict) -> list[Check]:
+    """A NaN or infinity in an input must come out where torch's does (:func:`_agreed_finiteness`): every output
+    element non-finite in every torch run is non-finite in the candidate's (NaN and infinity alike: backends differ
+    in which), and every element finite in every torch run is finite. A kernel whose max or clamp drops a NaN, or
+    whose softmax turns a NaN row into zeros, swallows it; one that reads past its row spreads it."""
+    checks = []
+    for name, got in results.items():
+        finite, nonfinite = agreed[name]
+        if got.shape != finite.shape:
+            continue  # its output_contract check says so
+        got_finite = torch.isfinite(got)
+        swallowed, spread = int((nonfinite & got_finite).sum()), int((finite & ~got_finite).sum())
+        problems = ([f"{swallowed} elements finite where every torch run has NaN or infinity"] if swallowed else []) + \
+                   ([f"{spread} NaN or infinity where every torch run is finite"] if spread else [])
+        key = {"output": name, "dtype": dtype_name}
+        checks.append(Check.failed(f"{label}.{name}", "nonfinite_propagation", "; ".join(problems),
+                                   value=float(swallowed + spread), **key) if problems else
+                      Check(f"{label}.{name}", "nonfinite_propagation", 0.0, 0.0, True,
+                            {**key, "nonfinite": int(nonfinite.sum()), "finite": int(finite.sum())}))
+    return checks
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, a NaN equal to a NaN (an input that holds one is unchanged if it still does)."""
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(torch.where(a.isnan(), 0, a), torch.where(b.isnan(), 0, b))
 
 
 def raised(op: str, error: Exception) -> str:
