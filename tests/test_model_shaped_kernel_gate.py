@@ -96,7 +96,7 @@ TRIGGERS = {
     "residual-wide-chunk-gate": "c=5376",
     "kv-heads-modulo-two": "heads=",
     "qk-norm-heads-tile-two": "heads=56",
-    "softmax-without-max": "aligned=True",
+    "softmax-without-max": "aligned=9.0",
     "norm-unmodulated-without-autograd": "mode=",
     "residual-in-place-without-autograd": "mode=",
     "kv-read-with-q-strides": "layout=independent",
@@ -201,3 +201,33 @@ def test_a_candidate_declaring_no_paths_is_reported_by_path_class(shipped):
     assert {e["path"] for e in report["entries"]} >= {"swiglu[batch=1 f=14336 mode=autograd]"}
     assert all(e["reached_by"] for e in report["entries"])
     assert not [c for c in result.checks if c.kind == "path_coverage"]  # nothing it could fail: a report only
+
+
+def test_a_checkpoint_s_qk_norm_weights_set_the_attention_logits_it_is_checked_at(tmp_path):
+    """|q . k| / sqrt(d) < sqrt(d) max|w_q| max|w_k| after the RMSNorm (RoPE keeps the norms): a checkpoint whose
+    block 0 has QK-norm weights up to 5 and 4 is checked at logits of 20 sqrt(d), 226 at head_dim 128; the presets at
+    their init's 9 sqrt(d)."""
+    from safetensors.torch import load_file, save_file
+
+    from h3gate.checkpoint_writer import make
+    from h3gate.model import load_model
+
+    folder = make("tiny", tmp_path / "ck", ["transformer"])
+    (weights,) = (folder / "transformer").glob("*.safetensors")
+    state = load_file(weights)
+    state["transformer_blocks.0.attn.norm_q.weight"][3] = 5.0
+    state["transformer_blocks.0.attn.norm_k.weight"][7] = -4.0  # the sign does not lower the bound
+    save_file(state, weights, metadata={"format": "pt"})
+    model = load_model(str(folder))
+    gain, source = kernel_gate.logit_gain(model.name, lambda: model)
+    assert gain == 20.0 and source == "the checkpoint's QK-norm weights"
+    assert kernel_gate.logit_gain("tiny", None)[0] == kernel_gate.QK_NORM_GAIN == 9.0
+    spec = kernel_gate.OP_SPECS["attention"]
+    (aligned,) = [t for t in kernel_gate.tier_examples(spec, gain) if "aligned" in t]
+    built = kernel_gate._built(spec, aligned, torch.bfloat16, "cpu", 0)["args"]
+    logits = torch.einsum("bshd,bthd->bsht", built["q"], built["k"]) / aligned["head_dim"] ** 0.5
+    assert logits.max().item() == pytest.approx(20.0 * 128 ** 0.5)
+    mutant = MutantCandidate("softmax-without-max", ProviderCandidate())
+    result = kernel_gate.check(mutant, "attention", "cpu", dtypes=("bfloat16",), max_examples=1, shrink=False,
+                               logit_gain=gain)
+    assert any("aligned=20.0" in c.name for c in result.failures), result.report()

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -32,7 +33,7 @@ from hypothesis import strategies as st
 
 from h3gate import launch_paths, numerics, op_calls, op_contract, op_registry
 from h3gate.compare import bias, max_abs, relative_l2
-from h3gate.presets import RELEASE
+from h3gate.presets import RELEASE, TRANSFORMER_CONFIGS
 from h3gate.verdict import Check, GateResult, no_deterministic_kernel
 
 GATE = "kernel"
@@ -51,10 +52,11 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # Range tier: large diffusion transformers carry a few activation channels 1e3-1e4 x the median ("massive
 # activations"); the ``outliers`` examples scale the first input's second and last channels by these.
 OUTLIERS = (1e3, 1e4)
-# The largest Q/K RMSNorm weight of the embedded presets (1.5 to 3): an ``aligned`` attention example sends queries
-# normalised and scaled by it against keys equal to them, logits of 3**2 x sqrt(head_dim), 102 at head_dim 128:
-# past float32's exp overflow at 88.7, as the QK-norm weights allow.
-QK_NORM_WEIGHT = 3.0
+# The attention logit tier: an ``aligned`` example sends queries normalised to an RMS of sqrt(gain) against keys equal to
+# them, logits of gain x sqrt(head_dim), the most the QK-norm weights allow (:func:`qk_logit_gain`): a checkpoint's
+# from its weights; the embedded presets' QK-norm weights are drawn from 1.5 to 3, so 3 x 3, logits of 102 at head_dim
+# 128, past float32's exp overflow at 88.7.
+QK_NORM_GAIN = 9.0
 INDEPENDENT = "independent"  # a ``layout`` where every input is a view of its own, with strides of its own
 
 
@@ -150,15 +152,42 @@ NONFINITE = {"nan": float("nan"), "inf": float("inf")}
 NONFINITE_ROWS = 33  # past a 32-row tile: the row holding the NaN among others of its tile and program
 
 
-def tier_examples(spec: "OpSpec") -> list[dict]:
+def tier_examples(spec: "OpSpec", logit_gain: float = QK_NORM_GAIN) -> list[dict]:
     """The op's first example with every input a view of its own strides (q, k and v as a caller outside the model
-    passes them), with outlier activations (but attention, whose range is its logits), ``spec.tiers``, and with a NaN,
-    then an infinity, in one element of ``spec.nonfinite_input`` (:func:`_propagation_checks`)."""
+    passes them), with outlier activations (but attention, whose range is its logits), ``spec.tiers`` (an ``aligned``
+    one at ``logit_gain``), and with a NaN, then an infinity, in one element of ``spec.nonfinite_input``
+    (:func:`_propagation_checks`)."""
     first = spec.examples[0]
     outliers = [] if spec.op.name == "attention" else [{**first, "outliers": True}]
+    tiers = [{**tier, "aligned": logit_gain} if "aligned" in tier else tier for tier in spec.tiers]
     few = {"rows": NONFINITE_ROWS} if "rows" in first else {}
     nonfinite = [{**first, **few, "nonfinite": kind} for kind in NONFINITE]
-    return [{**first, "layout": INDEPENDENT}, *outliers, *spec.tiers, *nonfinite]
+    return [{**first, "layout": INDEPENDENT}, *outliers, *tiers, *nonfinite]
+
+
+def qk_logit_gain(transformer) -> float:
+    """The largest attention logit a transformer's QK-norm weights allow, over sqrt(head_dim): the largest
+    ``max|w_q| x max|w_k|`` of its attention modules.
+
+    After the RMSNorm a head's query ``q^ = x / sqrt(m + eps)`` (``m`` the mean square of x over the head_dim ``d``
+    channels) has ``|q^|^2 = d m / (m + eps) < d``; times the weight, ``|q| <= max|w_q| |q^| < sqrt(d) max|w_q|``; RoPE
+    rotates pairs of channels, which keeps the norm. So ``|q . k| <= |q| |k| < d max|w_q| max|w_k|`` and the scaled
+    logit ``q . k / sqrt(d) < sqrt(d) max|w_q| max|w_k|``, approached by a query and a key that put their weight on the
+    channels of the largest weights, aligned (rounding q and k to bfloat16 adds at most a factor (1 + 2^-8)^2)."""
+    gains = [module.norm_q.weight.detach().abs().max().item() * module.norm_k.weight.detach().abs().max().item()
+             for module in transformer.modules()
+             if isinstance(getattr(module, "norm_q", None), torch.nn.Module) and getattr(module.norm_q, "weight", None) is not None]
+    if not gains:
+        raise ValueError("the transformer has no attention module with QK-norm weights (norm_q, norm_k)")
+    return max(gains)
+
+
+def logit_gain(model_name: str, load) -> tuple[float, str]:
+    """The logit tier's gain for a model (:func:`qk_logit_gain`) and where it comes from: a checkpoint's own QK-norm
+    weights (``load()`` gives the model), or, for the embedded and release presets, the largest their init draws."""
+    if model_name in TRANSFORMER_CONFIGS or re.fullmatch(rf"{RELEASE}(-layers\d+)?", model_name):
+        return QK_NORM_GAIN, "the presets' QK-norm weights, drawn from 1.5 to 3"
+    return qk_logit_gain(load().transformer), "the checkpoint's QK-norm weights"
 
 
 def long_examples(spec: "OpSpec", calls, dtype_name: str) -> list[dict]:
@@ -359,7 +388,7 @@ def _attention_build(d, dtype, g):
     args = {"q": _normal(shape, g, d["peak"]), "k": _normal(shape, g, d["peak"]), "v": _normal(shape, g)}
     if d.get("aligned"):
         q = args["q"]
-        args["q"] = QK_NORM_WEIGHT * q / q.pow(2).mean(-1, keepdim=True).sqrt()
+        args["q"] = d["aligned"] ** 0.5 * q / q.pow(2).mean(-1, keepdim=True).sqrt()
         args["k"] = args["q"].clone()
     return {"args": args, "grads": ["q", "k", "v"], "dtypes": {}}
 
@@ -475,7 +504,7 @@ _DRAWS = {
         # Each (batch, head) is a program of its own: past two heads, more select nothing (56 cost 10 s a run). Its
         # reductions over the model's 38,733 keys and queries cost S x S: none runs on the CPU.
         from_call=_attention_call, narrow=(("rows", 16, ()), ("heads", 2, (2,))),
-        tiers=({"rows": 33, "heads": 3, "head_dim": 128, "batch": 1, "peak": 1.0, "aligned": True},),
+        tiers=({"rows": 33, "heads": 3, "head_dim": 128, "batch": 1, "peak": 1.0, "aligned": QK_NORM_GAIN},),
     ),
     "swiglu": dict(dims=_swiglu_dims, build=_swiglu_build, examples=({"rows": 467, "f": 128, "batch": 1},),
                    edges=("rows", "f"), from_call=_swiglu_call),
@@ -848,10 +877,12 @@ def check(
     shrink: bool = True,
     calls: tuple = (),
     shrunk: tuple = (),
+    logit_gain: float = QK_NORM_GAIN,
     progress=lambda message: None,
 ) -> GateResult:
     """Search shapes for one op of ``candidate``; the worst check per (dtype, output) is kept, failures shrunk. The
-    model-shaped examples come from ``calls`` (at full size on a GPU) and ``shrunk`` (:func:`shipped_calls`)."""
+    model-shaped examples come from ``calls`` (at full size on a GPU) and ``shrunk`` (:func:`shipped_calls`), the
+    attention logit tier's gain from the model's QK-norm weights (:func:`logit_gain`)."""
     ops = candidate.kernel_ops()
     if op not in OP_SPECS:
         raise ValueError(f"unknown kernel op {op!r}; ops: {', '.join(OPS)}")
@@ -895,7 +926,7 @@ def check(
             keep(checks)
 
         try:
-            _search(spec, limits, calls, shrunk, dtype_name, interpreted, max_examples, shrink, visit)
+            _search(spec, limits, calls, shrunk, logit_gain, dtype_name, interpreted, max_examples, shrink, visit)
         except KernelMismatch:
             keep(failure)  # the shrunk (minimal) failing example's checks
     if kept and all(c.kind == DECLINED for c in kept.values()):
@@ -917,9 +948,10 @@ def check(
     )
 
 
-def _search(spec: OpSpec, limits: Limits, calls, shrunk, dtype_name: str, interpreted: bool, max_examples: int,
-            shrink: bool, visit: Callable[[dict, int], None]) -> None:
-    """``visit(dims, seed)`` on every example of ``spec`` at ``dtype_name``: the op's own, its edges and range tiers, one
+def _search(spec: OpSpec, limits: Limits, calls, shrunk, logit_gain: float, dtype_name: str, interpreted: bool,
+            max_examples: int, shrink: bool, visit: Callable[[dict, int], None]) -> None:
+    """``visit(dims, seed)`` on every example of ``spec`` at ``dtype_name``: the op's own, its edges and range tiers
+    (attention's logits at ``logit_gain``), one
     per path class of the model's ``calls`` and the ``shrunk`` ones (:func:`model_examples`) and their long reductions,
     then
     ``max_examples`` that hypothesis draws (derandomized: the same every run). A :class:`KernelMismatch` raised by
@@ -939,7 +971,7 @@ def _search(spec: OpSpec, limits: Limits, calls, shrunk, dtype_name: str, interp
 
     shaped = model_examples(spec, calls, dtype_name, narrow=interpreted, shrunk=shrunk)
     shaped += long_examples(spec, calls if interpreted else shrunk, dtype_name)
-    for explicit in (*spec.examples, *edge_examples(spec, limits), *tier_examples(spec), *shaped):
+    for explicit in (*spec.examples, *edge_examples(spec, limits), *tier_examples(spec, logit_gain), *shaped):
         search = example(dims=explicit, seed=0)(search)
     search()
 
@@ -968,7 +1000,7 @@ def planned_paths(candidate, op: str, device: str, *, calls, suite: tuple, dtype
             for path in launched:
                 reached.setdefault(str(path), _example_label(op, dims, dtype_name))
 
-        _search(spec, limits, *suite, dtype_name, interpreted, max_examples, False, visit)
+        _search(spec, limits, *suite, QK_NORM_GAIN, dtype_name, interpreted, max_examples, False, visit)
     return _path_entries(probe, spec, _narrowing(calls, interpreted, ()), dtypes, str(device), reached)
 
 
@@ -1061,10 +1093,12 @@ def check_item(run, _bounds) -> GateResult:
     if not dtypes:
         raise NotClaimed(reasons[0])
     calls, shrunk = shipped_calls(run)
+    gain, gain_from = logit_gain(run.model_name, lambda: run.model)
     with run.progress(None) as bar:
         result = check(run.candidate, op, run.device, dtypes=dtypes, max_examples=run.kernel_examples,
-                       shrink=run.kernel_shrink, progress=bar.step, calls=calls, shrunk=shrunk)
+                       shrink=run.kernel_shrink, progress=bar.step, calls=calls, shrunk=shrunk, logit_gain=gain)
     # The item's own params, whatever dtypes the candidate left out of them, which its evidence names.
     unclaimed = {dtype: reason for dtype, reason in zip(asked, reasons) if reason is not None}
-    context = {**result.context, "not_claimed": unclaimed} if unclaimed else result.context
+    context = {**result.context, **({"logit_gain": {"gain": gain, "from": gain_from}} if op == "attention" else {}),
+               **({"not_claimed": unclaimed} if unclaimed else {})}
     return dataclasses.replace(result, params=dict(run.params), context=context)
