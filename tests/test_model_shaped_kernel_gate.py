@@ -101,6 +101,10 @@ TRIGGERS = {
     "residual-in-place-without-autograd": "mode=",
     "kv-read-with-q-strides": "layout=independent",
     "residual-y-read-with-residual-strides": "layout=independent",
+    "linear-weight-grad-bf16-accumulator": "rows=38733",
+    "norm-weight-grad-bf16-accumulator": "rows=38733",
+    "gate-grad-bf16-accumulator": "rows=38733",
+    "adaln-input-grad-bf16-accumulator": "n=96768",
     "softmax-nan-rows-zeroed": "nonfinite=",
     "norm-nan-dropping-max": "nonfinite=nan",
 }
