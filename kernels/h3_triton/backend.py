@@ -15,7 +15,7 @@ import triton
 
 from h3gate.block_program import OP_GROUPS
 from h3gate.candidates import CandidateError, ProgramCandidate, source_digest
-from h3gate.launch_paths import LaunchPaths
+from h3gate.candidates.launch_paths import LaunchPaths
 
 from h3_triton import attention, elementwise, gemm, norm, paths, rope
 from h3_triton.interpret import INTERPRET

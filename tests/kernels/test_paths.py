@@ -10,7 +10,8 @@ import torch
 import h3_triton
 from h3_triton import paths
 from h3_triton.backend import LAUNCH_PATHS
-from h3gate import launch_paths, op_calls
+from h3gate import op_calls
+from h3gate.candidates import launch_paths
 
 PACKAGE = Path(h3_triton.__file__).parent
 
@@ -19,7 +20,8 @@ def test_every_launch_passes_the_path_hook():
     """A kernel launched as ``kernel[grid](...)`` anywhere but the hook itself and the launcher would take a path no
     report sees."""
     direct = re.compile(r"\b\w+\[[^\]\n]+\]\(")
-    found = [f"{path.name}: {line.strip()}" for path in sorted(PACKAGE.glob("*.py")) if path.name not in ("paths.py", "tuning.py")
+    found = [f"{path.name}: {line.strip()}" for path in sorted(PACKAGE.glob("*.py"))
+             if path.name not in ("paths.py", "tuning.py")
              for line in path.read_text().splitlines() if direct.search(line) and not line.lstrip().startswith("#")]
     assert not found, found
 
@@ -77,8 +79,8 @@ def test_planning_runs_no_kernel(monkeypatch):
 
 
 def test_the_release_attention_on_cpu_leaves_out_the_hopper_kernels_and_says_why():
-    call = max((c for c in op_calls.model_calls("release", None) if c.op == "attention" and c.mode == op_calls.AUTOGRAD),
-               key=lambda c: c.arg("q").shape[1])
+    calls = [c for c in op_calls.model_calls("release", None) if c.op == "attention" and c.mode == op_calls.AUTOGRAD]
+    call = max(calls, key=lambda c: c.arg("q").shape[1])
     planned, left = launch_paths.planned(LAUNCH_PATHS, call, "cpu")
     assert "attention._fwd_kernel[dtypes=bfloat16+float32 HEAD_DIM=128 DESCRIBED=True BLOCK_M=128 BLOCK_N=128 " \
            "keys=full+partial]" in planned
