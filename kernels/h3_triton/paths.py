@@ -52,7 +52,7 @@ def _dtypes(args) -> str:
     return "+".join(dict.fromkeys(names))
 
 
-def path_of(kernel, args, meta: dict, branches: dict) -> Path:
+def _path_of(kernel, args, meta: dict, branches: dict) -> Path:
     """The path of ``kernel`` launched on ``args`` with constexprs and options ``meta`` and runtime ``branches``."""
     spec = [("dtypes", _dtypes(args))]
     spec += [(k, v) for k, v in meta.items() if k not in _PROCESS_WIDE]
@@ -72,7 +72,7 @@ def skipped(kernel, args, meta: dict, branches: dict | None = None) -> bool:
     the launch's ``meta`` (a tile size the launcher chose)."""
     if _sink is None:
         return False
-    _sink.append(path_of(kernel, args, meta, {k: v(meta) if callable(v) else v for k, v in (branches or {}).items()}))
+    _sink.append(_path_of(kernel, args, meta, {k: v(meta) if callable(v) else v for k, v in (branches or {}).items()}))
     return _planning
 
 
