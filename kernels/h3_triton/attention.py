@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from h3_triton import attention_hopper
+from h3_triton import attention_hopper, paths
 from h3_triton.interpret import INTERPRET, device_function, mma, to_dtype
 from h3_triton.tma import aligned, set_scratch_allocator
 from h3_triton.tuning import Launcher, configs
@@ -533,6 +533,7 @@ def triton_forward(q, k, v, o, row_max, row_log_sum) -> None:
         *_outer_strides(q), *_outer_strides(k), *_outer_strides(v), *_outer_strides(o),
         H, S, _qk_scale(D),
         HEAD_DIM=D, DESCRIBED=described, UPCAST=INTERPRET, **_contraction(q.dtype),
+        branches={"keys": lambda meta: paths.tiles(S, meta["BLOCK_N"])},
     )
 
 
@@ -602,6 +603,7 @@ def triton_dq(q, k, v, do, row_max, row_log_sum, delta, dq) -> None:
         _grid(B, H, S, "BLOCK_M"),
         q, k, v, do, row_max, row_log_sum, delta, dq, *_backward_strides(q, k, v, do, dq),
         HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET, **_contraction(q.dtype),
+        branches={"keys": lambda meta: paths.tiles(S, meta["BLOCK_N"])},
     )
 
 
@@ -621,6 +623,7 @@ def triton_dkdv(q, k, v, do, row_max, row_log_sum, delta, dk, dv) -> None:
             _grid(B, H, S, "BLOCK_N"),
             q, k, v, do, row_max, row_log_sum, delta, dk, dv, *common,
             HEAD_DIM=D, EXACT=q.dtype == torch.float32, UPCAST=INTERPRET, **_contraction(q.dtype),
+            branches={"queries": lambda meta: paths.tiles(S, meta["BLOCK_M"])},
         )
 
 

@@ -47,6 +47,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
 )
 
+from h3_triton import paths
 from h3_triton.interpret import INTERPRET
 
 HEAD_DIM = 128
@@ -56,10 +57,14 @@ STAGES = 3  # 64 KB a stage: 224 of the 227 KB of shared memory with the query t
 QUALIFIED_TRITON = "3.6."
 
 
+def suits(q: torch.Tensor) -> bool:
+    """Whether ``q``'s dtype and head_dim are the ones the kernels here take, on whatever device."""
+    return q.dtype == torch.bfloat16 and q.shape[-1] == HEAD_DIM
+
+
 def applies(q: torch.Tensor) -> bool:
     """Whether the kernels here run for ``q`` (the caller checks that tensor descriptors can read the tensors)."""
-    return (not INTERPRET and q.dtype == torch.bfloat16 and q.shape[-1] == HEAD_DIM
-            and triton.__version__.startswith(QUALIFIED_TRITON)
+    return (not INTERPRET and suits(q) and triton.__version__.startswith(QUALIFIED_TRITON)
             and torch.cuda.get_device_capability(q.device) == (9, 0))
 
 
@@ -274,10 +279,12 @@ def forward(q, k, v, o, row_max, row_log_sum, qk_scale: float) -> None:
     scratch allocator the in-kernel tensor descriptors need."""
     B, S, H, _ = q.shape
     # 12 warps (the producer's warp group rounded up) at 168 registers leave each consumer 240.
-    _forward_kernel[(triton.cdiv(S, BLOCK_M), B * H)](
+    paths.launch(
+        _forward_kernel, (triton.cdiv(S, BLOCK_M), B * H),
         q, k, v, o, row_max, row_log_sum,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], H, S, qk_scale,
         HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, num_warps=4, maxnreg=168,
+        branches={"keys": paths.tiles(S, BLOCK_N)},
     )
 
 
@@ -578,7 +585,8 @@ def backward(q, k, v, do, row_max, row_log_sum, delta, dq, dk, dv, sm_scale: flo
         views = [t[:, :, heads] for t in (q, k, v, do, dk, dv)]
         # the kernel reads each (batch, head)'s row terms as one row of a contiguous matrix
         terms = [t[:, heads].reshape(B * count, S_PADDED).contiguous() for t in (lse, padded_delta)]
-        _backward_kernel[(triton.cdiv(S, BWD_BLOCK_N), B * count)](
+        paths.launch(
+            _backward_kernel, (triton.cdiv(S, BWD_BLOCK_N), B * count),
             *views[:4], *terms, *views[4:], dq_sum, locks, *(stride for t in views[:5] for stride in t.stride()[:3]),
             count, S, S_PADDED, sm_scale, qk_scale,
             HEAD_DIM=HEAD_DIM, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, STAGES=stages, num_warps=4, maxnreg=168,

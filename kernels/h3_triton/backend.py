@@ -15,8 +15,9 @@ import triton
 
 from h3gate.block_program import OP_GROUPS
 from h3gate.candidates import CandidateError, ProgramCandidate, source_digest
+from h3gate.candidates.launch_paths import LaunchPaths
 
-from h3_triton import attention, elementwise, gemm, norm, rope
+from h3_triton import attention, elementwise, gemm, norm, paths, rope
 from h3_triton.interpret import INTERPRET
 from h3_triton.tuning import AUTOTUNE
 
@@ -32,6 +33,9 @@ KERNEL_OPS = {
     "swiglu": elementwise.swiglu,
     "gated_residual": elementwise.gated_residual,
 }
+# Which kernel, tiling and specialisation each launch of these ops takes (a mutant made by with_kernel_ops keeps them:
+# the model's paths are those of these kernels).
+LAUNCH_PATHS = LaunchPaths(paths.recording, paths.planning, KERNEL_OPS, paths.left_out)
 
 
 class H3Triton(ProgramCandidate):
@@ -51,6 +55,9 @@ class H3Triton(ProgramCandidate):
             "interpreter": INTERPRET,
             "tiling": "autotuned" if AUTOTUNE else "first",
         }
+
+    def launch_paths(self) -> LaunchPaths:
+        return LAUNCH_PATHS
 
     def install(self, transformer):
         device = next(transformer.parameters()).device

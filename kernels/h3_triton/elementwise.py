@@ -10,6 +10,7 @@ import torch
 import triton
 import triton.language as tl
 
+from h3_triton import paths
 from h3_triton.interpret import to_dtype
 from h3_triton.rowreduce import (
     UPCAST, accumulate_rows, as_batch_rows, check_activation, check_row_index, check_table, clear_flags, flush_slot,
@@ -76,7 +77,7 @@ class _SwiGLU(torch.autograd.Function):
         half = width // 2
         y = torch.empty((batch, seq_len, half), dtype=h.dtype, device=h.device)
         grid, meta = _swiglu_grid(batch * seq_len, half)
-        _swiglu_forward_kernel[grid](h, y, batch * seq_len, seq_len, half, *h.stride(), **meta)
+        paths.launch(_swiglu_forward_kernel, grid, h, y, batch * seq_len, seq_len, half, *h.stride(), **meta)
         ctx.save_for_backward(h)
         return y
 
@@ -86,7 +87,8 @@ class _SwiGLU(torch.autograd.Function):
         batch, seq_len, width = h.shape
         dh = torch.empty(h.shape, dtype=h.dtype, device=h.device)
         grid, meta = _swiglu_grid(batch * seq_len, width // 2)
-        _swiglu_backward_kernel[grid](
+        paths.launch(
+            _swiglu_backward_kernel, grid,
             h, dy, dh, batch * seq_len, seq_len, width // 2, *h.stride(), *dy.stride(), **meta
         )
         return dh
@@ -180,7 +182,8 @@ class _GatedResidual(torch.autograd.Function):
         tiling = full_row_tiling(width, "residual")
         out = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
         n_rows = batch * seq_len
-        _gated_forward_kernel[(triton.cdiv(n_rows, tiling.rows),)](
+        paths.launch(
+            _gated_forward_kernel, (triton.cdiv(n_rows, tiling.rows),),
             residual, y, gate, idx, out, n_rows, seq_len, width,
             *residual.stride(), *y.stride(), *_gate_args(gate, idx),
             GATED=gate is not None, BLOCK_S=tiling.rows, BLOCK_C=tiling.width, num_warps=tiling.warps,
@@ -200,7 +203,8 @@ class _GatedResidual(torch.autograd.Function):
         table_rows = gate.shape[0]
         parts, flags = new_slots(programs, table_rows, width, y.device)
         dy = torch.empty(y.shape, dtype=y.dtype, device=y.device)
-        _gated_backward_kernel[(programs,)](
+        paths.launch(
+            _gated_backward_kernel, (programs,),
             y, gate, idx, dout, dy, parts, flags,
             n_rows, seq_len, width, table_rows, rows_per_program,
             *y.stride(), *dout.stride(), *_gate_args(gate, idx),

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from h3_triton import paths
 from h3_triton.interpret import INTERPRET, device_function, mma, to_dtype
 from h3_triton.tma import aligned, program_slots, set_scratch_allocator
 from h3_triton.tuning import Launcher, configs
@@ -478,9 +479,11 @@ def _matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, *, bias: torc
         0 if bias is None else bias.stride(0),
         *z_args,
         A_SILU=a_silu, **(epilogue if chunks == 1 else {**epilogue, "HAS_BIAS": False, "SILU_GRAD": False}),
+        branches={"split_k": chunks > 1},
     )
     if chunks > 1:
-        _chunk_sum_kernel[(triton.cdiv(m.count, _SKINNY_ROWS), triton.cdiv(n, _CHUNK_SUM_N))](
+        paths.launch(
+            _chunk_sum_kernel, (triton.cdiv(m.count, _SKINNY_ROWS), triton.cdiv(n, _CHUNK_SUM_N)),
             partial, c.t, *bias_args, m.count, n, m.inner, chunks, *c.rows, c.cols[1],
             0 if bias is None else bias.stride(0), *z_args, **epilogue, BLOCK_M=_SKINNY_ROWS, BLOCK_N=_CHUNK_SUM_N,
         )

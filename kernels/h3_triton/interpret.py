@@ -6,6 +6,10 @@
   ``"rtne"``: a biased half-ULP error that doubles the error of every rounded output. :func:`to_dtype`
   rounds on the bits first, bitwise equal to torch's cast, NaN and infinity included.
 
+- Arithmetic on bfloat16 tensors (``a + b``, ``a * b``, ``tl.maximum``) works on their bit patterns as integers,
+  as the dot does: a bfloat16 accumulator (``acc += x``) holds garbage. Every kernel here loads bfloat16 and computes
+  in float32, so a kernel bug that accumulates in bfloat16 cannot show under the interpreter as it would on a GPU.
+
 - ``tl.sum(x, axis=0)`` is numpy's sum down the columns of a row-major tile, which adds one row at a time: its
   float32 error grows with the tile's rows, where a GPU's tree reduction grows with their logarithm (a 256-row
   weight-gradient tile summed 2.6x worse than torch's). :func:`column_sum` sums groups of rows first.

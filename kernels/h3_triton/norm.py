@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from h3_triton import paths
 from h3_triton.interpret import column_sum, to_dtype
 from h3_triton.rowreduce import (
     UPCAST, accumulate_rows, as_batch_rows, check_activation, check_row_index, check_table, clear_flags, flush_slot,
@@ -192,12 +193,14 @@ class _RMSNormModulate(torch.autograd.Function):
         tiling = _forward_tiling(width, "x")
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         n_rows = batch * seq_len
-        _forward_kernel[(triton.cdiv(n_rows, tiling.rows),)](
+        paths.launch(
+            _forward_kernel, (triton.cdiv(n_rows, tiling.rows),),
             x, weight, scale, shift, idx, y,
             n_rows, seq_len, width, eps,
             *x.stride(), weight.stride(0), *_table_strides(scale), *_table_strides(shift),
             0 if idx is None else idx.stride(0),
             MODULATED=scale is not None, BLOCK_S=tiling.rows, BLOCK_C=tiling.width, num_warps=tiling.warps,
+            branches={"chunked": width > tiling.width},
         )
         ctx.save_for_backward(x, weight, scale, shift, idx)
         ctx.eps = eps
@@ -214,7 +217,8 @@ class _RMSNormModulate(torch.autograd.Function):
         table_rows = scale.shape[0] if modulated else 0
         parts, flags = new_slots(programs, 2 * table_rows if modulated else 1, width, x.device)
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-        _backward_kernel[(programs,)](
+        paths.launch(
+            _backward_kernel, (programs,),
             x, weight, scale, idx, dy, dx, parts, flags,
             n_rows, seq_len, width, ctx.eps, table_rows, rows_per_program,
             *x.stride(), *dy.stride(), weight.stride(0), *_table_strides(scale),
@@ -229,7 +233,8 @@ class _RMSNormModulate(torch.autograd.Function):
         dshift = torch.empty(shift.shape, dtype=shift.dtype, device=x.device)
         weight_parts, weight_flags = new_slots(table_rows, 1, width, x.device)
         blocks = slot_blocks(programs, width)
-        _table_grads_kernel[(triton.cdiv(width, blocks.width), table_rows)](
+        paths.launch(
+            _table_grads_kernel, (triton.cdiv(width, blocks.width), table_rows),
             parts, flags, weight, scale, dscale, dshift, weight_parts, weight_flags,
             programs, table_rows, width, weight.stride(0), *scale.stride(),
             BLOCK_G=blocks.rows, BLOCK_C=blocks.width, num_warps=blocks.warps,

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from h3_triton import paths
 from h3_triton.interpret import column_sum, device_function, to_dtype
 from h3_triton.rowreduce import (
     UPCAST, check_activation, clear_flags, flush_slot, full_row_tiling, new_slots, reduce_slots, split_rows,
@@ -135,7 +136,8 @@ class _QKNormRope(torch.autograd.Function):
         n_positions = batch * seq_len
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         rotary, *rope_strides = _rope_args(cos, sin)
-        _forward_kernel[(triton.cdiv(n_positions, tiling.rows),)](
+        paths.launch(
+            _forward_kernel, (triton.cdiv(n_positions, tiling.rows),),
             x, weight, cos, sin, y,
             n_positions, seq_len, heads, dim, rotary, eps,
             *x.stride(), weight.stride(0), *rope_strides,
@@ -156,7 +158,8 @@ class _QKNormRope(torch.autograd.Function):
         parts, flags = new_slots(programs, 1, dim, x.device)
         dx = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         rotary, *rope_strides = _rope_args(cos, sin)
-        _backward_kernel[(programs,)](
+        paths.launch(
+            _backward_kernel, (programs,),
             x, weight, cos, sin, dy, dx, parts, flags,
             n_rows, seq_len, heads, dim, rotary, ctx.eps, rows_per_program,
             *x.stride(), *dy.stride(), weight.stride(0), *rope_strides,

@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from h3_triton import paths
 from h3_triton.interpret import INTERPRET, column_sum, device_function, to_dtype
 
 # A whole row is one tile in registers; the widest H3 row that needs it is the hidden size, 5376.
@@ -187,7 +188,8 @@ def reduce_slots(parts: torch.Tensor, flags: torch.Tensor, first: int, out: torc
     """Fill ``out`` (n, width), contiguous, any float dtype, with the sums of slots ``first .. first + n - 1``."""
     programs, table_rows, width = parts.shape
     blocks = slot_blocks(programs, width)
-    _reduce_slots_kernel[(triton.cdiv(width, blocks.width), out.shape[0])](
+    paths.launch(
+        _reduce_slots_kernel, (triton.cdiv(width, blocks.width), out.shape[0]),
         parts, flags, out, programs, table_rows, width, first,
         BLOCK_G=blocks.rows, BLOCK_C=blocks.width, num_warps=blocks.warps,
     )

@@ -31,6 +31,7 @@ import torch
 import triton
 from filelock import FileLock
 
+from h3_triton import paths
 from h3_triton.interpret import INTERPRET
 from h3gate.files import write_atomic
 
@@ -164,14 +165,27 @@ class Launcher:
     def _suiting(self, first_tensor) -> list[triton.Config]:
         return self.tilings[first_tensor.element_size()]
 
-    def __call__(self, grid, *args, **meta):
+    def __call__(self, grid, *args, branches: dict | None = None, **meta):
+        """Launches with the tiling :meth:`_tiling` picks, its path noted (:mod:`h3_triton.paths`); ``branches`` are
+        the path's runtime conditions, each a value or a function of the launch's options (its tile sizes)."""
+        tiling = self._tiling(args)
+        if tiling is None:  # the autotuner picks at launch: the path names no tile sizes
+            autotuned = {k: "autotuned" if callable(v) else v for k, v in (branches or {}).items()}
+            if not paths.skipped(self.kernel, args, {**meta, "tiling": "autotuned"}, autotuned):
+                self._tuned_launch(grid, args, meta)
+        elif not paths.skipped(self.kernel, args, {**meta, **tiling}, branches):
+            self.kernel[grid](*args, **meta, **tiling)
+
+    def _tiling(self, args) -> dict | None:
+        """The launch options of the tiling: the forced one, the interpreter's, the first of the list, or None when
+        the autotuner picks."""
         if self._forced is not None:
-            return self.kernel[grid](*args, **meta, **self._forced.all_kwargs())
+            return self._forced.all_kwargs()
         if INTERPRET:
-            return self.kernel[grid](*args, **meta, **self.interpreter)
+            return self.interpreter
         if not AUTOTUNE:
-            return self.kernel[grid](*args, **meta, **self._suiting(args[self._sized_index])[0].all_kwargs())
-        return self._tuned_launch(grid, args, meta)
+            return self._suiting(args[self._sized_index])[0].all_kwargs()
+        return None
 
     def _tuned_launch(self, grid, args, meta):
         """The autotuner's launch, its in-memory tunings first seeded from the store and new ones written back.
@@ -183,11 +197,10 @@ class Launcher:
             self._store = TuningStore(store_path(torch.cuda.get_device_name(args[0].device)))
             tunings.update(self._store.load(self.group, self._tuned.configs))
         known = set(tunings)
-        launched = self._tuned[grid](*args, **meta)
+        self._tuned[grid](*args, **meta)
         new = {key: config for key, config in tunings.items() if key not in known}
         if new:
             self._store.save(self.group, new)
-        return launched
 
     @contextmanager
     def forcing(self, config: triton.Config) -> Iterator[None]:

@@ -39,22 +39,26 @@ class Arg:
     stride: tuple[int, ...]
     dtype: str
     grad: bool  # requires a gradient
+    offset: int = 0  # storage offset, in elements (a column slice of the AdaLN projection starts past 0)
 
 
 @dataclass(frozen=True)
 class Call:
-    """One class of op calls: the op, its tensor arguments by name (None where the caller passed None) and the mode."""
+    """One class of op calls: the op, its tensor arguments by name (None where the caller passed None), the mode and
+    its other arguments (eps)."""
 
     op: str
     args: tuple[tuple[str, Arg | None], ...]
     mode: str
+    scalars: tuple[tuple[str, object], ...] = ()
 
     def arg(self, name: str) -> Arg | None:
         return dict(self.args)[name]
 
 
 def _arg(value: torch.Tensor) -> Arg:
-    return Arg(tuple(value.shape), tuple(value.stride()), str(value.dtype).removeprefix("torch."), value.requires_grad)
+    return Arg(tuple(value.shape), tuple(value.stride()), str(value.dtype).removeprefix("torch."), value.requires_grad,
+               value.storage_offset())
 
 
 def _recorder(op: op_registry.Op, calls: dict) -> callable:
@@ -64,8 +68,10 @@ def _recorder(op: op_registry.Op, calls: dict) -> callable:
         bound = signature.bind(*args).arguments
         tensors = tuple((name, _arg(value) if isinstance(value, torch.Tensor) else None)
                         for name, value in bound.items() if isinstance(value, torch.Tensor) or value is None)
+        scalars = tuple((name, value) for name, value in bound.items() if not isinstance(value, torch.Tensor)
+                        and value is not None)
         mode = AUTOGRAD if torch.is_grad_enabled() and any(a and a.grad for _, a in tensors) else NO_GRAD
-        calls.setdefault(Call(op.name, tensors, mode), None)
+        calls.setdefault(Call(op.name, tensors, mode, scalars), None)
         return op.provider(*args)
 
     return record

@@ -89,3 +89,18 @@ def test_non_finite_values_are_tabled_and_left_out_of_the_plot(tmp_path):
 def test_series_are_found_at_any_depth_and_tolerate_absence(metrics, expected):
     found = report.series(metrics, "psnr_per_frame")
     assert json.dumps(found) == json.dumps(expected)
+
+
+def test_the_kernel_gate_s_path_report_names_each_path_and_what_reached_it(tmp_path):
+    run = make_run(tmp_path, failing=(MODEL_TEST,))
+    entries = [{"path": "toy.swiglu[long=False]", "calls": ["swiglu autograd h=(1, 467, 256):bfloat16"],
+                "reached_by": "swiglu[rows=467, bfloat16]", "left_out": None},
+               {"path": "toy.swiglu[long=True]", "calls": ["a", "b"], "reached_by": None, "left_out": None},
+               {"path": "toy.hopper[]", "calls": ["a"], "reached_by": None, "left_out": "needs a Hopper GPU"}]
+    run.results[MODEL_TEST]["context"]["paths"] = {"source": "launches", "device": "cpu", "complete": True,
+                                                   "entries": entries}
+    text, _ = render(run, [MODEL_TEST], tmp_path)
+    assert "Paths the model launches on `cpu` (from the candidate's launches):" in text
+    assert "| `toy.swiglu[long=False]` | `swiglu[rows=467, bfloat16]` | 1 |" in text
+    assert "| `toy.swiglu[long=True]` | **unreached** | 2 |" in text
+    assert "| `toy.hopper[]` | left out: needs a Hopper GPU | 1 |" in text

@@ -1,6 +1,8 @@
 """The kernel gate sees the model that ships: its op calls traced shape-only, narrowed on the CPU with the dims that
 select a path kept, its long reductions, its layouts, ranges and grad modes; and the mutants only those reach."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -109,3 +111,107 @@ def test_a_second_call_s_output_is_its_own():
     for example in (dims, spec.examples[0]):
         failed = [c for c in kernel_gate.evaluate(spec, reused, example, torch.bfloat16, "cpu", 0) if not c.passed]
         assert failed and {c.kind for c in failed} == {"output_fresh"}, [c.line() for c in failed]
+
+
+class _ToyPaths:
+    """A third party's path declaration: its swiglu takes a path of its own past 1,000 rows, which the release model's
+    38,733 rows reach and the CPU suite's narrowed examples do not."""
+
+    def __init__(self):
+        self.sink, self.planning_now = None, False
+
+    @contextlib.contextmanager
+    def _collecting(self, planning: bool):
+        self.sink, self.planning_now = [], planning
+        try:
+            yield self.sink
+        finally:
+            self.sink, self.planning_now = None, False
+
+    def recording(self):
+        return self._collecting(False)
+
+    def planning(self):
+        return self._collecting(True)
+
+
+class _Planned(torch.autograd.Function):
+    """An uninitialised output and gradient of swiglu's shapes: what a planned launch leaves."""
+
+    @staticmethod
+    def forward(ctx, h):
+        ctx.shape = h.shape
+        return h.new_empty((*h.shape[:-1], h.shape[-1] // 2))
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.new_empty(ctx.shape)
+
+
+def _toy_candidate(name, paths):
+    from h3gate.candidates import replace
+    from h3gate.op_registry import swiglu
+
+    def toy_swiglu(h):
+        if paths is not None and paths.sink is not None:
+            paths.sink.append(f"toy.swiglu[long={h.shape[-2] > 1000}]")
+            if paths.planning_now:
+                return _Planned.apply(h)
+        return swiglu(h)
+
+    return replace(name, {"swiglu": toy_swiglu}, paths=paths)()
+
+
+def test_a_path_the_model_launches_and_no_example_reaches_fails_the_gate_by_name(shipped):
+    candidate = _toy_candidate("toy-paths", _ToyPaths())
+    result = kernel_gate.check(candidate, "swiglu", "cpu", dtypes=("bfloat16",), max_examples=1, shrink=False,
+                               calls=shipped)
+    failures = [c for c in result.checks if not c.passed]
+    assert [c.kind for c in failures] == ["path_coverage"], [c.line() for c in failures]
+    assert "the model launches toy.swiglu[long=True], which no example reached" in failures[0].line()
+    assert "swiglu autograd h=(1, 38733, 28672):bfloat16" in failures[0].line()
+    entries = {e["path"]: e for e in result.context["paths"]["entries"]}
+    assert entries["toy.swiglu[long=False]"]["reached_by"].startswith("swiglu[")
+    assert result.context["paths"]["source"] == "launches"
+
+
+def test_a_candidate_declaring_no_paths_is_reported_by_path_class(shipped):
+    candidate = _toy_candidate("toy-no-paths", None)
+    result = kernel_gate.check(candidate, "swiglu", "cpu", dtypes=("bfloat16",), max_examples=1, shrink=False,
+                               calls=shipped)
+    assert result.passed, result.report()
+    report = result.context["paths"]
+    assert report["source"] == "model-shaped examples" and report["complete"]
+    assert {e["path"] for e in report["entries"]} >= {"swiglu[batch=1 f=14336 mode=autograd]"}
+    assert all(e["reached_by"] for e in report["entries"])
+    assert not [c for c in result.checks if c.kind == "path_coverage"]  # nothing it could fail: a report only
+
+
+def test_a_checkpoint_s_qk_norm_weights_set_the_attention_logits_it_is_checked_at(tmp_path):
+    """|q . k| / sqrt(d) < sqrt(d) max|w_q| max|w_k| after the RMSNorm (RoPE keeps the norms): a checkpoint whose
+    block 0 has QK-norm weights up to 5 and 4 is checked at logits of 20 sqrt(d), 226 at head_dim 128; the presets at
+    their init's 9 sqrt(d)."""
+    from safetensors.torch import load_file, save_file
+
+    from h3gate.model.checkpoint_writer import make
+    from h3gate.model.factory import load_model
+
+    folder = make("tiny", tmp_path / "ck", ["transformer"])
+    (weights,) = (folder / "transformer").glob("*.safetensors")
+    state = load_file(weights)
+    state["transformer_blocks.0.attn.norm_q.weight"][3] = 5.0
+    state["transformer_blocks.0.attn.norm_k.weight"][7] = -4.0  # the sign does not lower the bound
+    save_file(state, weights, metadata={"format": "pt"})
+    model = load_model(str(folder))
+    gain, source = kernel_gate.logit_gain(model.name, lambda: model)
+    assert gain == 20.0 and source == "the checkpoint's QK-norm weights"
+    assert kernel_gate.logit_gain("tiny", None)[0] == kernel_gate.QK_NORM_GAIN == 9.0
+    spec = kernel_gate.OP_SPECS["attention"]
+    (aligned,) = [t for t in kernel_gate.tier_examples(spec, gain) if "aligned" in t]
+    built = kernel_gate._built(spec, aligned, torch.bfloat16, "cpu", 0)["args"]
+    logits = torch.einsum("bshd,bthd->bsht", built["q"], built["k"]) / aligned["head_dim"] ** 0.5
+    assert logits.max().item() == pytest.approx(20.0 * 128 ** 0.5)
+    mutant = MutantCandidate("softmax-without-max", ProviderCandidate())
+    result = kernel_gate.check(mutant, "attention", "cpu", dtypes=("bfloat16",), max_examples=1, shrink=False,
+                               logit_gain=gain)
+    assert any("aligned=20.0" in c.name for c in result.failures), result.report()

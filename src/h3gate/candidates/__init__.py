@@ -58,6 +58,12 @@ class Candidate:
         candidate claims every op it offers by default, so one that offers the provider's op is held to it."""
         return None
 
+    def launch_paths(self) -> "LaunchPaths | None":
+        """How the launches of this candidate's kernels say which code path they take
+        (:mod:`h3gate.candidates.launch_paths`); None: they say nothing, and the kernel gate reports the model's path
+        classes by its model-shaped examples."""
+        return None
+
     @contextlib.contextmanager
     def installed(self, transformer):
         handle = self.install(transformer)
@@ -238,11 +244,15 @@ class Replacement:
     """A candidate factory from a partial op table: what :func:`replace` returns, registered or named by an entry
     point. Called with the spec's options (strings), it builds the candidate."""
 
-    def __init__(self, name: str, ops, supports: dict, options: dict[str, Option]):
+    def __init__(self, name: str, ops, supports: dict, options: dict[str, Option], paths=None):
         if isinstance(ops, dict):
             _check_ops(name, ops)
         _check_supports(name, supports)
-        self.name, self.ops, self.supports, self.options = name, ops, dict(supports), dict(options)
+        if paths is not None and not (callable(getattr(paths, "recording", None))
+                                      and callable(getattr(paths, "planning", None))):
+            raise CandidateError(f"candidate {name!r} paths {paths!r}: give an object with recording() and planning() "
+                                 "context managers (and optionally left_out), as h3_triton.paths is")
+        self.name, self.ops, self.supports, self.options, self.paths = name, ops, dict(supports), dict(options), paths
         self.__signature__ = inspect.Signature(
             [inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=o.default) for key, o in options.items()]
         )
@@ -251,7 +261,7 @@ class Replacement:
         values = {key: option.default for key, option in self.options.items()}
         values.update({key: self.options[key].parse(self.name, key, text) for key, text in given.items()})
         ops = self.ops(**values) if callable(self.ops) else self.ops
-        return ReplacedCandidate(self.name, ops, self.supports, values)
+        return ReplacedCandidate(self.name, ops, self.supports, values, self.paths)
 
     def describe(self) -> list[str]:
         """What ``h3gate candidates`` prints under the name: ops, supports, options with their help."""
@@ -267,13 +277,16 @@ class ReplacedCandidate(ProgramCandidate):
     model, block and generation gates each replaced op runs counted (:mod:`h3gate.candidates.coverage`), so an op that
     declines every call (returns ``NotImplemented``) is caught as a kernel that never ran."""
 
-    def __init__(self, name: str, ops: dict, supports: dict, options: dict):
+    def __init__(self, name: str, ops: dict, supports: dict, options: dict, paths=None):
         from h3gate.candidates.coverage import Coverage
+        from h3gate.candidates.launch_paths import LaunchPaths
         from h3gate.op_registry import provider_ops
 
         _check_ops(name, ops)
         self.replaced, self.supports, self.options = dict(ops), supports, options
         self.coverage = Coverage(self.replaced)
+        self.paths = None if paths is None else LaunchPaths(paths.recording, paths.planning, self.replaced,
+                                                            getattr(paths, "left_out", LaunchPaths.left_out))
         super().__init__({**provider_ops(), **ops}, name=name)
 
     def _program_kernels(self, kernels: dict) -> dict:
@@ -305,8 +318,12 @@ class ReplacedCandidate(ProgramCandidate):
             return f"not claimed: candidate {self.name} supports {op} in {'+'.join(self.supports['dtypes'])} only"
         return None
 
+    def launch_paths(self) -> "LaunchPaths | None":
+        return self.paths
 
-def replace(name: str, ops, *, supports: dict | None = None, options: dict[str, Option] | None = None) -> Replacement:
+
+def replace(name: str, ops, *, supports: dict | None = None, options: dict[str, Option] | None = None,
+            paths=None) -> Replacement:
     """A candidate that replaces some ops of the provider (:mod:`h3gate.op_registry`) and keeps the rest.
 
     ``ops`` maps op names to functions in the registry's signatures, or is a function of the typed ``options``
@@ -318,8 +335,15 @@ def replace(name: str, ops, *, supports: dict | None = None, options: dict[str, 
     the provider's op then runs on the same arguments. The model, block and generation gates count per op the calls
     it served and those it handed back (``context["coverage"]`` of their results) and fail an op that served none:
     ``coverage.<op>: kernel never ran``. The kernel gate records a shape an op declines and qualifies the others.
+
+    ``paths``: how your kernels' launches say which code path they take, an object with ``recording()`` and
+    ``planning()`` context managers yielding the list each launch inside appends its path to (``planning`` launches
+    nothing), and optionally ``left_out(op, args, autograd)``
+    (:class:`h3gate.candidates.launch_paths.LaunchPaths`). The kernel gate then plans the model's calls through them
+    and fails a path the model launches that no example reached; without, it reports the model's path classes by its
+    model-shaped examples.
     """
-    return Replacement(name, ops, supports or {}, options or {})
+    return Replacement(name, ops, supports or {}, options or {}, paths)
 
 
 def register(name: str, factory: Callable[..., Candidate]) -> None:

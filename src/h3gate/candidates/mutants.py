@@ -530,6 +530,145 @@ def output_reused(op):
     return broken
 
 
+# Precision lost in a backward reduction: an accumulator held in bfloat16, rounded to nearest even after every 64-row
+# (or 64-output) step of the kernel's loop, as a GPU's cast rounds it. Over a toy's few hundred rows it stays within
+# an ULP or two of torch's; over the release model's 38,733 rows (96,768 outputs for the AdaLN input gradient) it
+# drifts by several, which the kernel gate's release-length examples show. (Triton's CPU interpreter cannot run such a
+# kernel as a GPU would: it adds bfloat16 tensors as their bit patterns, and its casts to bfloat16 truncate.)
+
+
+class _GradFrom(torch.autograd.Function):
+    """Zeros shaped like ``like``: added to an op's output (exactly), it hands ``param`` the gradient
+    ``grad_of(upstream)`` in place of the op's own, the op being called with ``param`` detached."""
+
+    @staticmethod
+    def forward(ctx, param, like, grad_of):
+        ctx.grad_of = grad_of
+        return torch.zeros_like(like)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return ctx.grad_of(grad), None, None
+
+
+def _tiles(t: torch.Tensor) -> torch.Tensor:
+    """``t`` (steps, ...) as (tiles, KEY_TILE, ...), the last tile padded with zeros."""
+    pad = t.new_zeros(((-t.shape[0]) % KEY_TILE, *t.shape[1:]))
+    return torch.cat([t, pad]).view(-1, KEY_TILE, *t.shape[1:])
+
+
+def _bf16_accumulated(partials: torch.Tensor) -> torch.Tensor:
+    """``partials.sum(0)`` as an accumulator held in bfloat16 sums them: each added in float32, the running sum
+    rounded to bfloat16 after every step."""
+    total = torch.zeros_like(partials[0], dtype=torch.float32)
+    for part in partials.float():
+        total = (total + part).to(torch.bfloat16).float()
+    return total
+
+
+def linear_weight_grad_bf16_accumulator(linear):
+    """A GEMM whose weight gradient (a reduction over the rows) accumulates in bfloat16, rounded every 64-row K step."""
+
+    def broken(x, weight, bias=None):
+        out = linear(x, weight.detach(), bias)
+
+        def grad(dy):
+            rows_x = _tiles(x.detach().reshape(-1, x.shape[-1]).float())
+            rows_dy = _tiles(dy.reshape(-1, dy.shape[-1]).float())
+            return _bf16_accumulated(rows_dy.transpose(1, 2) @ rows_x).to(weight.dtype)
+
+        return out + _GradFrom.apply(weight, out, grad)
+
+    return broken
+
+
+def norm_weight_grad_bf16_accumulator(rms_norm_modulate):
+    """RMSNorm whose weight gradient (a row sum of dy x^ (1 + scale)) accumulates in bfloat16, rounded every 64 rows."""
+
+    def broken(x, weight, eps, scale=None, shift=None, idx=None):
+        out = rms_norm_modulate(x, weight.detach(), eps, scale, shift, idx)
+
+        def grad(dy):
+            rows = x.detach().float()
+            terms = dy.float() * rows * torch.rsqrt(rows.pow(2).mean(-1, keepdim=True) + eps)
+            if scale is not None:
+                terms = terms * (1.0 + scale.detach().float().index_select(0, idx))
+            return _bf16_accumulated(_tiles(terms.reshape(-1, x.shape[-1])).sum(1)).to(weight.dtype)
+
+        return out + _GradFrom.apply(weight, out, grad)
+
+    return broken
+
+
+def gate_grad_bf16_accumulator(gated_residual):
+    """A gated residual whose gate-table gradient (per table row, a sum of dout y over its rows) accumulates in
+    bfloat16, every table row's running sum rounded every 64 rows."""
+
+    def broken(residual, y, gate=None, idx=None):
+        if gate is None:
+            return gated_residual(residual, y, gate, idx)
+        out = gated_residual(residual, y, gate.detach(), idx)
+
+        def grad(dout):
+            terms = (dout.float() * y.detach().float()).reshape(-1, y.shape[-1])
+            table_rows = idx.repeat(terms.shape[0] // idx.numel())  # the rows are batch-major
+            partials = [torch.zeros(gate.shape, device=terms.device).index_add_(0, rows, part)
+                        for part, rows in zip(terms.split(KEY_TILE), table_rows.split(KEY_TILE))]
+            return _bf16_accumulated(torch.stack(partials)).to(gate.dtype)
+
+        return out + _GradFrom.apply(gate, out, grad)
+
+    return broken
+
+
+def adaln_input_grad_bf16_accumulator(silu_linear):
+    """AdaLN modulation whose temb gradient, (dY W) silu'(temb) reduced over the outputs, accumulates in bfloat16,
+    rounded every 64 outputs."""
+
+    def broken(temb, weight, bias=None):
+        out = silu_linear(temb.detach(), weight, bias)
+
+        def grad(dy):
+            products = _tiles(dy.float().transpose(0, 1)).transpose(1, 2) @ _tiles(weight.detach().float())
+            t = temb.detach().float()
+            sig = torch.sigmoid(t)
+            return (_bf16_accumulated(products) * sig * (1.0 + t * (1.0 - sig))).to(temb.dtype)
+
+        return out + _GradFrom.apply(temb, out, grad)
+
+    return broken
+
+
+# NaN and infinity swallowed: caught only where an input holds one, which the kernel gate's nonfinite tier puts there.
+
+
+def softmax_nan_rows_zeroed(attention):
+    """Attention whose online softmax zeroes a row its normaliser leaves non-finite (a guard for rows without keys
+    that also swallows the NaN a key carries)."""
+
+    def broken(q, k, v):
+        out = attention(q, k, v)
+        return torch.where(torch.isfinite(out).all(-1, keepdim=True), out, torch.zeros_like(out))
+
+    return broken
+
+
+def norm_nan_dropping_max(rms_norm_modulate):
+    """RMSNorm guarding its mean square with a maximum that drops NaN (Triton's ``tl.maximum`` returns the other
+    operand): a row holding a NaN is scaled by 1/sqrt(eps) instead of becoming NaN, only the NaN element itself stays
+    NaN."""
+
+    def broken(x, weight, eps, scale=None, shift=None, idx=None):
+        out = rms_norm_modulate(x, weight, eps, scale, shift, idx)
+        mean_square = x.detach().float().pow(2).mean(-1, keepdim=True)
+        y = x.float() * eps ** -0.5 * weight.float()
+        if scale is not None:
+            y = y * (1.0 + scale.float().index_select(0, idx)) + shift.float().index_select(0, idx)
+        return torch.where(mean_square.isnan(), y.to(out.dtype), out)
+
+    return broken
+
+
 MUTANTS = {
     m.name: m
     for m in (
@@ -587,6 +726,15 @@ MUTANTS = {
         Mutant("residual-y-read-with-residual-strides", "gated_residual", ("kernel",),
                residual_y_read_with_residual_strides),
         Mutant("swiglu-output-reused", "swiglu", ("kernel",), output_reused),
+        # Backward reductions accumulated in bfloat16: only the kernel gate's release-length examples.
+        Mutant("linear-weight-grad-bf16-accumulator", "linear", ("kernel",), linear_weight_grad_bf16_accumulator),
+        Mutant("norm-weight-grad-bf16-accumulator", "rms_norm_modulate", ("kernel",),
+               norm_weight_grad_bf16_accumulator),
+        Mutant("gate-grad-bf16-accumulator", "gated_residual", ("kernel",), gate_grad_bf16_accumulator),
+        Mutant("adaln-input-grad-bf16-accumulator", "silu_linear", ("kernel",), adaln_input_grad_bf16_accumulator),
+        # A NaN or infinity in an input, propagated as torch propagates it: only the kernel gate's nonfinite tier.
+        Mutant("softmax-nan-rows-zeroed", "attention", ("kernel",), softmax_nan_rows_zeroed),
+        Mutant("norm-nan-dropping-max", "rms_norm_modulate", ("kernel",), norm_nan_dropping_max),
     )
 }
 
@@ -616,3 +764,6 @@ class MutantCandidate(Candidate):
 
     def kernel_ops(self) -> dict:
         return self.inner.kernel_ops()
+
+    def launch_paths(self):
+        return self.inner.launch_paths()

@@ -184,6 +184,18 @@ def check_rows(checks: list[dict]) -> list[list[str]]:
     ]
 
 
+def path_lines(paths: dict | None) -> list[str]:
+    """The kernel gate's path report: each path the model's calls take and the example that reached it."""
+    if not paths or not paths["entries"]:
+        return []
+    rows = [[f"`{e['path']}`", f"left out: {e['left_out']}" if e["left_out"] else
+             (f"`{e['reached_by']}`" if e["reached_by"] else "**unreached**"), str(len(e["calls"]))]
+            for e in paths["entries"]]
+    note = "" if paths["complete"] else " (the search stopped at a failing example: later examples did not run)"
+    return ["", f"Paths the model launches on `{paths['device']}` (from the candidate's {paths['source']}){note}:", "",
+            *table(["path", "reached by", "model calls"], rows)]
+
+
 def gate_section(nodeid: str, test: dict, plots: Path, link: str) -> list[str]:
     result = test["result"]
     lines = ["", f"## `{nodeid}`", "", result["summary"]]
@@ -212,6 +224,7 @@ def gate_section(nodeid: str, test: dict, plots: Path, link: str) -> list[str]:
     if result["metrics"].get("power_table"):
         lines += ["", "Power (subject x gate; **bold**: a gate meant to catch a mutant missed it, or a variant was rejected):",
                   "", result["metrics"]["power_table"]]
+    lines += path_lines(result["context"].get("paths"))
     non_discriminating = result["context"].get("non_discriminating") or []
     if non_discriminating:
         lines += ["", f"Non-discriminating bounds (>= 1): {', '.join(f'`{t}`' for t in non_discriminating)}"]

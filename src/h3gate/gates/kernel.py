@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -32,9 +33,9 @@ from hypothesis.errors import FlakyFailure
 from hypothesis import strategies as st
 
 from h3gate import numerics, op_calls, op_registry
-from h3gate.candidates import op_invariants
+from h3gate.candidates import launch_paths, op_invariants
 from h3gate.compare import bias, max_abs, relative_l2
-from h3gate.model.presets import RELEASE
+from h3gate.model.presets import RELEASE, TRANSFORMER_CONFIGS
 from h3gate.verdict import Check, GateResult, Provenance, no_deterministic_kernel
 
 GATE = "kernel"
@@ -53,10 +54,11 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 # Range tier: large diffusion transformers carry a few activation channels 1e3-1e4 x the median ("massive
 # activations"); the ``outliers`` examples scale the first input's second and last channels by these.
 OUTLIERS = (1e3, 1e4)
-# The largest Q/K RMSNorm weight of the embedded presets (1.5 to 3): an ``aligned`` attention example sends queries
-# normalised and scaled by it against keys equal to them, logits of 3**2 x sqrt(head_dim), 102 at head_dim 128:
-# past float32's exp overflow at 88.7, as the QK-norm weights allow.
-QK_NORM_WEIGHT = 3.0
+# The attention logit tier: an ``aligned`` example sends queries normalised to an RMS of sqrt(gain) against keys equal
+# to them, logits of gain x sqrt(head_dim), the most the QK-norm weights allow (:func:`qk_logit_gain`): a checkpoint's
+# from its weights; the embedded presets' QK-norm weights are drawn from 1.5 to 3, so 3 x 3, logits of 102 at head_dim
+# 128, past float32's exp overflow at 88.7.
+QK_NORM_GAIN = 9.0
 INDEPENDENT = "independent"  # a ``layout`` where every input is a view of its own, with strides of its own
 
 
@@ -98,6 +100,8 @@ class OpSpec:
     reduces: tuple[tuple[str, dict], ...] = ()
     # The range tier's own examples beyond :func:`tier_examples`' (attention's logits past 88).
     tiers: tuple[dict, ...] = ()
+    # The input :func:`tier_examples` puts a NaN or an infinity in (default: the first): where torch spreads it most.
+    nonfinite_input: str = ""
 
 
 def _normal(shape, generator, scale=1.0):
@@ -146,12 +150,47 @@ def narrowed(length: int, tile: int, past: tuple[int, ...] = ()) -> int:
 FEW = 24  # the short dims of a long-reduction example: past a 16-row skinny tile, rows of 48 bytes (16-byte aligned)
 
 
-def tier_examples(spec: "OpSpec") -> list[dict]:
+NONFINITE = {"nan": float("nan"), "inf": float("inf")}
+NONFINITE_ROWS = 33  # past a 32-row tile: the row holding the NaN among others of its tile and program
+
+
+def tier_examples(spec: "OpSpec", logit_gain: float = QK_NORM_GAIN) -> list[dict]:
     """The op's first example with every input a view of its own strides (q, k and v as a caller outside the model
-    passes them), with outlier activations (but attention, whose range is its logits), and ``spec.tiers``."""
+    passes them), with outlier activations (but attention, whose range is its logits), ``spec.tiers`` (an ``aligned``
+    one at ``logit_gain``), and with a NaN, then an infinity, in one element of ``spec.nonfinite_input``
+    (:func:`_propagation_checks`)."""
     first = spec.examples[0]
     outliers = [] if spec.op.name == "attention" else [{**first, "outliers": True}]
-    return [{**first, "layout": INDEPENDENT}, *outliers, *spec.tiers]
+    tiers = [{**tier, "aligned": logit_gain} if "aligned" in tier else tier for tier in spec.tiers]
+    few = {"rows": NONFINITE_ROWS} if "rows" in first else {}
+    nonfinite = [{**first, **few, "nonfinite": kind} for kind in NONFINITE]
+    return [{**first, "layout": INDEPENDENT}, *outliers, *tiers, *nonfinite]
+
+
+def qk_logit_gain(transformer) -> float:
+    """The largest attention logit a transformer's QK-norm weights allow, over sqrt(head_dim): the largest
+    ``max|w_q| x max|w_k|`` of its attention modules.
+
+    After the RMSNorm a head's query ``q^ = x / sqrt(m + eps)`` (``m`` the mean square of x over the head_dim ``d``
+    channels) has ``|q^|^2 = d m / (m + eps) < d``; times the weight, ``|q| <= max|w_q| |q^| < sqrt(d) max|w_q|``; RoPE
+    rotates pairs of channels, which keeps the norm. So ``|q . k| <= |q| |k| < d max|w_q| max|w_k|`` and the scaled
+    logit ``q . k / sqrt(d) < sqrt(d) max|w_q| max|w_k|``, approached by a query and a key that put their weight on the
+    channels of the largest weights, aligned (rounding q and k to bfloat16 adds at most a factor (1 + 2^-8)^2)."""
+    attentions = [module for module in transformer.modules()
+                  if getattr(getattr(module, "norm_q", None), "weight", None) is not None]
+    gains = [m.norm_q.weight.detach().abs().max().item() * m.norm_k.weight.detach().abs().max().item()
+             for m in attentions]
+    if not gains:
+        raise ValueError("the transformer has no attention module with QK-norm weights (norm_q, norm_k)")
+    return max(gains)
+
+
+def logit_gain(model_name: str, load) -> tuple[float, str]:
+    """The logit tier's gain for a model (:func:`qk_logit_gain`) and where it comes from: a checkpoint's own QK-norm
+    weights (``load()`` gives the model), or, for the embedded and release presets, the largest their init draws."""
+    if model_name in TRANSFORMER_CONFIGS or re.fullmatch(rf"{RELEASE}(-layers\d+)?", model_name):
+        return QK_NORM_GAIN, "the presets' QK-norm weights, drawn from 1.5 to 3"
+    return qk_logit_gain(load().transformer), "the checkpoint's QK-norm weights"
 
 
 def long_examples(spec: "OpSpec", calls, dtype_name: str) -> list[dict]:
@@ -175,13 +214,32 @@ def _call_dtype(call: op_calls.Call) -> str:
 
 
 # Dims that select no code path: the free row count the interpreter shrinks (its partial last tile is the edge
-# examples' business), how many AdaLN table rows the rows pick from, and the inputs' magnitudes.
-FREE = ("rows", "table_rows", "magnitude", "peak")
+# examples' business) and the inputs' magnitudes. (The AdaLN table's rows do: the kernels' deterministic sums over
+# table rows run as many programs, in blocks of the next power of two.)
+FREE = ("rows", "magnitude", "peak")
 
 
 def path_class(dims: dict) -> tuple:
     """The code paths an example selects: its dims but the :data:`FREE` ones, with autograd where it names no mode."""
     return tuple(sorted((k, v) for k, v in {"mode": op_calls.AUTOGRAD, **dims}.items() if k not in FREE))
+
+
+def _call_dims(spec: "OpSpec", call: op_calls.Call, narrow: bool) -> dict:
+    """The dims of ``spec``'s example of a model's call: its shapes as the op's dims, its grad mode and, where the call
+    differs from the op's default there, the inputs that need gradients; ``narrow`` narrows the dims of
+    ``spec.narrow``."""
+    dims = {**spec.from_call(call), "mode": call.mode}
+    if narrow:
+        dims.update({name: narrowed(dims[name], tile, past) for name, tile, past in spec.narrow})
+    needs = [name for name, arg in call.args if arg is not None and arg.grad]
+    if call.mode == op_calls.AUTOGRAD and needs != spec.build(dims, torch.float32, torch.Generator())["grads"]:
+        dims["grads"] = tuple(needs)
+    return dims
+
+
+def _narrowing(calls, narrow: bool, shrunk) -> list[tuple[op_calls.Call, bool]]:
+    """Each of ``calls`` with ``narrow``, then each of ``shrunk`` narrowed."""
+    return [(call, narrow) for call in calls] + [(call, True) for call in shrunk]
 
 
 def model_examples(spec: "OpSpec", calls, dtype_name: str, narrow: bool, shrunk=()) -> list[dict]:
@@ -193,17 +251,8 @@ def model_examples(spec: "OpSpec", calls, dtype_name: str, narrow: bool, shrunk=
     The first call without autograd is also made under ``torch.inference_mode()``, as callers outside the pipeline
     make it. A path class runs once: the tiny and the release model share most, and every repeat of a 56-head or
     5,376-wide example cost seconds under the interpreter."""
-    out = []
-    for call, narrow in [(c, narrow) for c in calls] + [(c, True) for c in shrunk]:
-        if call.op != spec.op.name or _call_dtype(call) != dtype_name:
-            continue
-        dims = {**spec.from_call(call), "mode": call.mode}
-        if narrow:
-            dims.update({name: narrowed(dims[name], tile, past) for name, tile, past in spec.narrow})
-        needs = [name for name, arg in call.args if arg is not None and arg.grad]
-        if call.mode == op_calls.AUTOGRAD and needs != spec.build(dims, torch.float32, torch.Generator())["grads"]:
-            dims["grads"] = tuple(needs)
-        out.append(dims)
+    out = [_call_dims(spec, call, narrow_it) for call, narrow_it in _narrowing(calls, narrow, shrunk)
+           if call.op == spec.op.name and _call_dtype(call) == dtype_name]
     out += [{**d, "mode": op_calls.INFERENCE} for d in out if d["mode"] == op_calls.NO_GRAD][:1]
     seen, kept = {path_class(d) for d in spec.examples}, []
     for dims in out:
@@ -342,7 +391,7 @@ def _attention_build(d, dtype, g):
     args = {"q": _normal(shape, g, d["peak"]), "k": _normal(shape, g, d["peak"]), "v": _normal(shape, g)}
     if d.get("aligned"):
         q = args["q"]
-        args["q"] = QK_NORM_WEIGHT * q / q.pow(2).mean(-1, keepdim=True).sqrt()
+        args["q"] = d["aligned"] ** 0.5 * q / q.pow(2).mean(-1, keepdim=True).sqrt()
         args["k"] = args["q"].clone()
     return {"args": args, "grads": ["q", "k", "v"], "dtypes": {}}
 
@@ -427,8 +476,9 @@ _DRAWS = {
         edges=("rows", "k", "n"), long=("rows", "k"),  # the weight gradient reduces over the rows
         reduces=(("rows", {"k": FEW, "n": FEW}), ("k", {"rows": FEW, "n": FEW}), ("n", {"rows": FEW, "k": FEW})),
         # K and N select no path of their own past 64 (the K step) but through their residue (partial tiles, 16-byte
-        # rows); the long-reduction examples keep the model's lengths.
-        from_call=_linear_call, narrow=(("rows", 16, ()), ("k", 64, ()), ("n", 64, ())),
+        # rows) and, for a product of at most 16 rows, past two chunks of 4,096 (split K: the forward's K, the input
+        # gradient's N); the long-reduction examples keep the model's lengths.
+        from_call=_linear_call, narrow=(("rows", 16, ()), ("k", 64, (8192,)), ("n", 64, (8192,))),
     ),
     # The input gradient reduces over N: past two chunks of 4,096 it is split K, so N stays past 8,192.
     "silu_linear": dict(dims=_silu_linear_dims, build=_silu_linear_build, examples=({"t": 3, "e": 32, "n": 1152},),
@@ -453,11 +503,11 @@ _DRAWS = {
         dims=_attention_dims, build=_attention_build,
         examples=({"rows": 467, "heads": 2, "head_dim": 32, "batch": 1, "peak": 2.0},
                   {"rows": 300, "heads": 3, "head_dim": 128, "batch": 2, "peak": 2.0}),
-        edges=("rows",), long=("rows",),
+        edges=("rows",), long=("rows",), nonfinite_input="k",  # a key's NaN reaches every query
         # Each (batch, head) is a program of its own: past two heads, more select nothing and only cost time. Its
         # reductions over the model's 38,733 keys and queries cost S x S: none runs on the CPU.
         from_call=_attention_call, narrow=(("rows", 16, ()), ("heads", 2, (2,))),
-        tiers=({"rows": 33, "heads": 3, "head_dim": 128, "batch": 1, "peak": 1.0, "aligned": True},),
+        tiers=({"rows": 33, "heads": 3, "head_dim": 128, "batch": 1, "peak": 1.0, "aligned": QK_NORM_GAIN},),
     ),
     "swiglu": dict(dims=_swiglu_dims, build=_swiglu_build, examples=({"rows": 467, "f": 128, "batch": 1},),
                    edges=("rows", "f"), from_call=_swiglu_call),
@@ -525,7 +575,7 @@ def _forward_backward(fn, built, dtype, device, upstream_seed, poison=False, ref
 
     def note_changes(phase: str) -> None:
         changed.update({name: phase for name, value in inputs.items()
-                        if name not in changed and not torch.equal(value.detach(), before[name])})
+                        if name not in changed and not _same(value.detach(), before[name])})
 
     with _MODE_CONTEXTS.get(mode, contextlib.nullcontext)():
         out = fn(**args)
@@ -590,7 +640,10 @@ def _built(spec: OpSpec, dims: dict, dtype: torch.dtype, device: str, seed: int)
         first = next(iter(built["args"].values()))
         first[..., 1] *= OUTLIERS[0]
         first[..., -1] *= OUTLIERS[1]
-    return {**built, "mode": mode, "grads": grads, "layout": dims.get("layout")}
+    if dims.get("nonfinite"):
+        target = built["args"][spec.nonfinite_input or next(iter(built["args"]))]
+        target[tuple(min(1, n - 1) for n in target.shape)] = NONFINITE[dims["nonfinite"]]
+    return {**built, "mode": mode, "grads": grads, "layout": dims.get("layout"), "nonfinite": dims.get("nonfinite")}
 
 
 def _fresh_checks(label: str, dtype_name: str, first: _Run, again: _Run) -> list[Check]:
@@ -614,6 +667,8 @@ class _TorchSide:
     torch_low: _Run
     scale: float  # the largest magnitude among all reference outputs: the op's natural scale
     errors: dict[str, dict[str, float]]  # output -> relative_l2, max_abs, bias (half precision) of torch's worst, peak
+    # With a NaN or infinity among the inputs, instead of errors: output -> (finite in every torch run, in none).
+    agreed: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
 
 
 _SHARED: dict | None = None  # (op, dims, dtype, device, seed) -> _TorchSide while :func:`shared_torch_side` holds
@@ -650,6 +705,19 @@ def _torch_side(spec: OpSpec, dims: dict, dtype: torch.dtype, device: str, seed:
                 torch_runs[mode.name] = _forward_backward(spec.op.provider, built, dtype, device, seed)
     torch_low = torch_runs[numerics.PROVIDER.name]
     runs = [run.results for run in torch_runs.values()]
+    if built["nonfinite"]:
+        side = _TorchSide(built, reference, torch_low, 0.0, {}, _agreed_finiteness([reference, *runs]))
+    else:
+        scale = max(ref.double().abs().max().item() for ref in reference.values() if ref.numel())
+        side = _TorchSide(built, reference, torch_low, scale, _torch_errors(reference, runs, dtype))
+    if _SHARED is not None:
+        _SHARED[key] = side
+    return side
+
+
+def _torch_errors(reference: dict, runs: list[dict], dtype: torch.dtype) -> dict[str, dict[str, float]]:
+    """Per output, torch's worst relative L2 and max abs error (and, at half precision, bias) over its ``runs``, and
+    the reference's peak."""
     half = torch.finfo(dtype).eps > FLOAT32_EPS
     errors = {}
     for name, ref in reference.items():
@@ -660,11 +728,18 @@ def _torch_side(spec: OpSpec, dims: dict, dtype: torch.dtype, device: str, seed:
         }
         if half:
             errors[name]["bias"] = max((bias(run[name], ref)[0] for run in runs), key=abs)
-    scale = max(ref.double().abs().max().item() for ref in reference.values() if ref.numel())
-    side = _TorchSide(built, reference, torch_low, scale, errors)
-    if _SHARED is not None:
-        _SHARED[key] = side
-    return side
+    return errors
+
+
+def _agreed_finiteness(runs: list[dict]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per output, where every one of torch's ``runs`` (the float64 reference and each backend at the precision) is
+    finite, and where none is: torch's own propagation of a NaN or infinity in an input. Where its runs disagree (a
+    backend that adds an infinity into a sum where another subtracts it first) the rule asks nothing."""
+    agreed = {}
+    for name in runs[0]:
+        finite = torch.stack([torch.isfinite(run[name]) for run in runs])
+        agreed[name] = (finite.all(0), (~finite).all(0))
+    return agreed
 
 
 def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtype, device: str, seed: int) -> list[Check]:
@@ -672,7 +747,7 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
     side = _torch_side(spec, dims, dtype, device, seed)
     built, reference = side.built, side.reference
     dtype_name = str(dtype).removeprefix("torch.")
-    label = f"{spec.op.name}[{_dims_label(dims)}, {dtype_name}]"
+    label = _example_label(spec.op.name, dims, dtype_name)
     # Two runs are compared bitwise, so torch's own ops run deterministically in both (on CUDA the provider's
     # index_select and SDPA backwards otherwise add with atomics in any order).
     with numerics.deterministic():
@@ -699,6 +774,8 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
         return [Check(label, DECLINED, 0.0, 0.0, True, {"output": "all", "dtype": dtype_name,
                                                           "reason": "declined (NotImplemented): the provider's op runs"})]
     checks = _contract_checks(label, dtype_name, candidate, side.torch_low) + _fresh_checks(label, dtype_name, candidate, again)
+    if side.agreed is not None:
+        return checks + _propagation_checks(label, dtype_name, candidate.results, side.agreed)
     candidate, again = candidate.results, again.results
     eps = torch.finfo(dtype).eps
     # The floor's magnitude: the reference's own, or, where the reference is below a few float32 ULP of the op's
@@ -738,6 +815,35 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
     return checks
 
 
+def _propagation_checks(label: str, dtype_name: str, results: dict, agreed: dict) -> list[Check]:
+    """A NaN or infinity in an input must come out where torch's does (:func:`_agreed_finiteness`): every output
+    element non-finite in every torch run is non-finite in the candidate's (NaN and infinity alike: backends differ
+    in which), and every element finite in every torch run is finite. A kernel whose max or clamp drops a NaN, or
+    whose softmax turns a NaN row into zeros, swallows it; one that reads past its row spreads it."""
+    checks = []
+    for name, got in results.items():
+        finite, nonfinite = agreed[name]
+        if got.shape != finite.shape:
+            continue  # its output_contract check says so
+        got_finite = torch.isfinite(got)
+        swallowed, spread = int((nonfinite & got_finite).sum()), int((finite & ~got_finite).sum())
+        problems = ([f"{swallowed} elements finite where every torch run has NaN or infinity"] if swallowed else []) + \
+                   ([f"{spread} NaN or infinity where every torch run is finite"] if spread else [])
+        key = {"output": name, "dtype": dtype_name}
+        checks.append(Check.failed(f"{label}.{name}", "nonfinite_propagation", "; ".join(problems),
+                                   value=float(swallowed + spread), **key) if problems else
+                      Check(f"{label}.{name}", "nonfinite_propagation", 0.0, 0.0, True,
+                            {**key, "nonfinite": int(nonfinite.sum()), "finite": int(finite.sum())}))
+    return checks
+
+
+def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal values, a NaN equal to a NaN (an input that holds one is unchanged if it still does)."""
+    if not a.is_floating_point():
+        return torch.equal(a, b)
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(torch.where(a.isnan(), 0, a), torch.where(b.isnan(), 0, b))
+
+
 def raised(op: str, error: Exception) -> str:
     """The verdict of a candidate op that raised: the op, the error's first line, and what a detached output means."""
     lines = str(error).strip().splitlines()
@@ -774,10 +880,12 @@ def check(
     shrink: bool = True,
     calls: tuple = (),
     shrunk: tuple = (),
+    logit_gain: float = QK_NORM_GAIN,
     progress=lambda message: None,
 ) -> GateResult:
     """Search shapes for one op of ``candidate``; the worst check per (dtype, output) is kept, failures shrunk. The
-    model-shaped examples come from ``calls`` (at full size on a GPU) and ``shrunk`` (:func:`shipped_calls`)."""
+    model-shaped examples come from ``calls`` (at full size on a GPU) and ``shrunk`` (:func:`shipped_calls`), the
+    attention logit tier's gain from the model's QK-norm weights (:func:`logit_gain`)."""
     ops = candidate.kernel_ops()
     if op not in OP_SPECS:
         raise ValueError(f"unknown kernel op {op!r}; ops: {', '.join(OPS)}")
@@ -791,9 +899,12 @@ def check(
         return GateResult(GATE, params, [missing], provenance=Provenance.of(candidate=candidate))
     spec = OP_SPECS[op]
     limits = limits or (GPU_LIMITS if torch.device(device).type == "cuda" else INTERPRETER_LIMITS)
+    interpreted = torch.device(device).type != "cuda"
     kept: dict[str, Check] = {}
     failure: list[Check] = []
     examples = {"count": 0}
+    probe = candidate.launch_paths()
+    reached: dict[str, str] = {}  # path -> the first example that reached it
 
     def keep(checks: list[Check]) -> None:
         for c in checks:
@@ -803,34 +914,22 @@ def check(
 
     for dtype_name in dtypes:
         dtype = DTYPES[dtype_name]
-        phases = [Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else [])
 
-        @settings(
-            max_examples=max_examples,
-            derandomize=True,
-            database=None,
-            deadline=None,
-            phases=phases,
-            suppress_health_check=list(HealthCheck),
-        )
-        @given(dims=spec.dims(limits), seed=st.integers(0, 2**31 - 1))
-        def search(dims, seed):
+        def visit(dims, seed):
             examples["count"] += 1
             progress(f"{op} {dtype_name} #{examples['count']}")
-            checks = evaluate(spec, ops[op], dims, dtype, device, seed)
+            with probe.recording() if probe else contextlib.nullcontext([_class_path(op, dims)]) as launched:
+                checks = evaluate(spec, ops[op], dims, dtype, device, seed)
+            for path in launched:
+                reached.setdefault(str(path), _example_label(op, dims, dtype_name))
             bad = [c for c in checks if not c.passed]
             if bad:
                 failure[:] = checks
                 raise KernelMismatch(bad[0].line())
             keep(checks)
 
-        interpreted = torch.device(device).type != "cuda"
-        shaped = model_examples(spec, calls, dtype_name, narrow=interpreted, shrunk=shrunk)
-        shaped += long_examples(spec, calls if interpreted else shrunk, dtype_name)
-        for explicit in (*spec.examples, *edge_examples(spec, limits), *tier_examples(spec), *shaped):
-            search = example(dims=explicit, seed=0)(search)
         try:
-            search()
+            _search(spec, limits, calls, shrunk, logit_gain, dtype_name, interpreted, max_examples, shrink, visit)
         except KernelMismatch:
             keep(failure)  # the shrunk (minimal) failing example's checks
         except FlakyFailure:
@@ -844,14 +943,119 @@ def check(
 
         raise NotClaimed(f"not claimed: candidate {candidate.name}'s {op} declined every shape the kernel gate drew "
                          "(returned NotImplemented; the provider's op runs for them)")
+    entries = _path_entries(probe, spec, _narrowing(calls, interpreted, shrunk), dtypes, str(device), reached)
+    path_checks = _path_checks(op, entries, "+".join(dtypes)) if probe and not failure else []
+    paths = {"source": "launches" if probe else "model-shaped examples", "device": str(device),
+             "complete": not failure, "entries": [entry.__dict__ for entry in entries]}
     return GateResult(
         GATE,
         params,
-        list(kept.values()),
-        {"rule": f"error <= {ERROR_FACTOR} x torch's + {FLOOR_ULPS} ULP"},
+        list(kept.values()) + path_checks,
+        {"rule": f"error <= {ERROR_FACTOR} x torch's + {FLOOR_ULPS} ULP", "paths": paths},
         {"examples": examples["count"]},
         provenance=Provenance.of(candidate=candidate),
     )
+
+
+def _search(spec: OpSpec, limits: Limits, calls, shrunk, logit_gain: float, dtype_name: str, interpreted: bool,
+            max_examples: int, shrink: bool, visit: Callable[[dict, int], None]) -> None:
+    """``visit(dims, seed)`` on every example of ``spec`` at ``dtype_name``: the op's own, its edges and range tiers
+    (attention's logits at ``logit_gain``), one per path class of the model's ``calls`` and the ``shrunk`` ones
+    (:func:`model_examples`) and their long reductions, then ``max_examples`` that hypothesis draws (derandomized: the
+    same every run). A :class:`KernelMismatch` raised by ``visit`` ends the search, with the failing example shrunk to
+    a minimal one where ``shrink``."""
+
+    @settings(
+        max_examples=max_examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.explicit, Phase.generate] + ([Phase.shrink] if shrink else []),
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(dims=spec.dims(limits), seed=st.integers(0, 2**31 - 1))
+    def search(dims, seed):
+        visit(dims, seed)
+
+    shaped = model_examples(spec, calls, dtype_name, narrow=interpreted, shrunk=shrunk)
+    shaped += long_examples(spec, calls if interpreted else shrunk, dtype_name)
+    for explicit in (*spec.examples, *edge_examples(spec, limits), *tier_examples(spec, logit_gain), *shaped):
+        search = example(dims=explicit, seed=0)(search)
+    search()
+
+
+def planned_paths(candidate, op: str, device: str, *, calls, suite: tuple, dtypes=tuple(DTYPES), max_examples: int = 8,
+                  limits: Limits | None = None) -> list[launch_paths.Entry]:
+    """The kernel gate's path report of ``op`` without running a kernel: the paths the model's ``calls`` take and the
+    example of the gate's search (as it runs over ``suite``, :func:`suite_calls`) that reaches each, both planned
+    through the candidate's declared paths from the same host code its launches run (the gate itself records its
+    examples' launches)."""
+    probe = candidate.launch_paths()
+    if probe is None:
+        raise ValueError(f"candidate {candidate.name} declares no launch paths: the kernel gate reports its model's "
+                         "path classes by its model-shaped examples")
+    spec, fn = OP_SPECS[op], probe.ops[op]
+    interpreted = torch.device(device).type != "cuda"
+    limits = limits or (GPU_LIMITS if not interpreted else INTERPRETER_LIMITS)
+    reached: dict[str, str] = {}
+    for dtype_name in dtypes:
+        dtype = DTYPES[dtype_name]
+
+        def visit(dims, seed):
+            built = _built(spec, dims, dtype, device, seed)
+            with probe.planning() as launched, contextlib.suppress(Declined):
+                _forward_backward(fn, built, dtype, device, seed, poison=True)
+            for path in launched:
+                reached.setdefault(str(path), _example_label(op, dims, dtype_name))
+
+        _search(spec, limits, *suite, QK_NORM_GAIN, dtype_name, interpreted, max_examples, False, visit)
+    return _path_entries(probe, spec, _narrowing(calls, interpreted, ()), dtypes, str(device), reached)
+
+
+def _example_label(op: str, dims: dict, dtype_name: str) -> str:
+    return f"{op}[{_dims_label(dims)}, {dtype_name}]"
+
+
+def _class_path(op: str, dims: dict) -> str:
+    """A path as the model-shaped examples see it, for a candidate that declares none: the op and its path class."""
+    return f"{op}[{' '.join(f'{k}={v}' for k, v in path_class(dims))}]"
+
+
+def _path_entries(probe, spec: OpSpec, calls: list[tuple[op_calls.Call, bool]], dtypes, device: str,
+                  reached: dict) -> list[launch_paths.Entry]:
+    """Each path the model's ``calls`` (each with whether its examples are narrowed) of ``spec``'s op at ``dtypes``
+    take, planned shape-only through the candidate's declared paths (or, where it declares none, its path class),
+    with the example that reached it."""
+    taken: dict[str, list[str]] = {}
+    left: dict[str, tuple[str, list[str]]] = {}
+    for call, narrow in calls:
+        if call.op != spec.op.name or _call_dtype(call) not in dtypes:
+            continue
+        label = launch_paths.call_label(call)
+        if probe:
+            planned, elsewhere = launch_paths.planned(probe, call, device)
+        else:
+            planned, elsewhere = [_class_path(spec.op.name, _call_dims(spec, call, narrow))], []
+        for path in planned:
+            taken.setdefault(path, []).append(label)
+        for path, why in elsewhere:
+            left.setdefault(path, (why, []))[1].append(label)
+    once = {path: list(dict.fromkeys(labels)) for path, labels in taken.items()}  # calls apart only in storage offsets
+    return launch_paths.report(once, {path: (why, list(dict.fromkeys(labels))) for path, (why, labels) in left.items()},
+                               reached)
+
+
+def _path_checks(op: str, entries: list, dtype: str) -> list[Check]:
+    """One failed check per path the model launches that no example reached (naming it), else one passed check (none
+    where the model launches none at this dtype)."""
+    unreached = [entry for entry in entries if entry.reached_by is None and entry.left_out is None]
+    key = {"output": "paths", "dtype": dtype}
+    if not entries:
+        return []
+    if not unreached:
+        return [Check(f"{op}.paths", "path_coverage", 0.0, 0.0, True, {**key, "paths": len(entries)})]
+    return [Check.failed(f"{op}.paths", "path_coverage", f"the model launches {entry.path}, which no example reached "
+                         f"(model calls: {'; '.join(entry.calls)})", **key) for entry in unreached]
 
 
 # The gate protocol (:mod:`h3gate.gates`) ------------------------------------------------------------------
@@ -867,17 +1071,23 @@ def bounds_file(run) -> None:
     return None  # the rule compares with torch in the same run
 
 
-def shipped_calls(run) -> tuple[tuple[op_calls.Call, ...], tuple[op_calls.Call, ...]]:
-    """The op calls the kernel gate qualifies, as ``(calls, shrunk)`` for :func:`check`: the run's model's, and the
-    release model's too (shape-only), so that narrowed examples reach the paths the shipped model's widths, heads and
-    lengths take (rows wider than 2,048, 56 heads, reductions over 38,733 rows) on every device and with every model.
-    On a GPU the run's model's calls run at full size and the release model's narrowed; under the interpreter all
-    are narrowed."""
-    calls = op_calls.model_calls(run.model_name, run.thresholds, lambda: run.model)
-    release = () if run.model_name == RELEASE else op_calls.model_calls(RELEASE, run.thresholds)
-    if torch.device(run.device).type == "cuda":
+def suite_calls(model_name: str, thresholds, device: str, load=None) -> tuple[tuple[op_calls.Call, ...],
+                                                                          tuple[op_calls.Call, ...]]:
+    """The op calls the kernel gate of ``model_name`` on ``device`` qualifies, as ``(calls, shrunk)`` for :func:`check`:
+    the model's, and the release model's too (shape-only), so that narrowed examples reach the paths the shipped
+    model's widths, heads and lengths take (rows wider than 2,048, 56 heads, reductions over 38,733 rows) on every
+    device and with every model. On a GPU the model's calls run at full size and the release model's narrowed; under
+    the interpreter all are narrowed. ``load``: the model, for a checkpoint's config."""
+    calls = op_calls.model_calls(model_name, thresholds, load)
+    release = () if model_name == RELEASE else op_calls.model_calls(RELEASE, thresholds)
+    if torch.device(device).type == "cuda":
         return calls, release
     return calls + release, ()
+
+
+def shipped_calls(run) -> tuple[tuple[op_calls.Call, ...], tuple[op_calls.Call, ...]]:
+    """:func:`suite_calls` of a gate run."""
+    return suite_calls(run.model_name, run.thresholds, run.device, lambda: run.model)
 
 
 def check_item(run, _bounds) -> GateResult:
@@ -892,10 +1102,12 @@ def check_item(run, _bounds) -> GateResult:
     if not dtypes:
         raise NotClaimed(reasons[0])
     calls, shrunk = shipped_calls(run)
+    gain, gain_from = logit_gain(run.model_name, lambda: run.model)
     with run.progress(None) as bar:
         result = check(run.candidate, op, run.device, dtypes=dtypes, max_examples=run.kernel_examples,
-                       shrink=run.kernel_shrink, progress=bar.step, calls=calls, shrunk=shrunk)
+                       shrink=run.kernel_shrink, progress=bar.step, calls=calls, shrunk=shrunk, logit_gain=gain)
     # The item's own params, whatever dtypes the candidate left out of them, which its evidence names.
     unclaimed = {dtype: reason for dtype, reason in zip(asked, reasons) if reason is not None}
-    context = {**result.context, "not_claimed": unclaimed} if unclaimed else result.context
+    context = {**result.context, **({"logit_gain": {"gain": gain, "from": gain_from}} if op == "attention" else {}),
+               **({"not_claimed": unclaimed} if unclaimed else {})}
     return dataclasses.replace(result, params=dict(run.params), context=context)
