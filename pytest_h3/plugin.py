@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from h3gate import gates as registry
+from h3gate.profiles import described
 from pytest_h3 import distribution, settings
 from pytest_h3.ledger import gate_of
 from pytest_h3.session import H3Session, SESSION_KEY
@@ -107,8 +108,7 @@ def pytest_addoption(parser):
         default="ci",
         choices=PROFILES,
         help="completeness profile of the evidence: the gates a run must contain to be PASSED rather than "
-        "INCOMPLETE ('ci': kernel, block, model, generation seeds 42, 43, 44 and power; 'release': those but power; "
-        "'model-block': block and model, for a model whose kernels another run qualified; default: ci)",
+        f"INCOMPLETE ({described()}; default: ci)",
     )
     group.addoption(
         "--h3-workers-per-gpu",

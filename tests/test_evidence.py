@@ -401,6 +401,20 @@ def test_a_skipped_gate_the_profile_does_not_require_leaves_ci_passed(tmp_path):
         evidence.verify(path, required=profiles.PROFILES["release"])
 
 
+def test_a_checkpoint_whose_kernels_another_run_qualified_passes_the_checkpoint_profile(tmp_path):
+    """Block, model and generation gates on a checkpoint, without its kernel gate: PASSED for the checkpoint profile,
+    INCOMPLETE for release, which needs the kernel gate too."""
+    kernel = "tests/gates/test_kernel.py::test_kernel"
+    run = make_run(tmp_path)
+    path = run.write(tmp_path, nodeids=[n for n in ITEMS if n != kernel], required=profiles.PROFILES["checkpoint"])
+    assert evidence.verify(path).result == "PASSED"
+    with pytest.raises(EvidenceError, match="incomplete for profile release: kernel: no test item"):
+        evidence.verify(path, required=profiles.PROFILES["release"])
+    missing_seed = [n for n in ITEMS if n != kernel and not n.endswith("[seed44]")]
+    with pytest.raises(EvidenceError, match="incomplete for profile checkpoint: generation.seed=44."):
+        evidence.verify(run.write(tmp_path / "short", nodeids=missing_seed, required=profiles.PROFILES["checkpoint"]))
+
+
 def test_a_crash_of_any_gate_item_is_incomplete_even_when_not_required(tmp_path):
     run = make_run(tmp_path, outcome={"tests/gates/test_kernel.py::test_kernel": "error"})
     predicate = statement_of(run.write(tmp_path, required=MODEL_ONLY))["predicate"]
@@ -441,7 +455,7 @@ def test_the_ci_profile_requires_every_gate_the_tiny_suite_runs():
 
 
 def test_unknown_profile_names_the_profiles():
-    with pytest.raises(ValueError, match="profiles: ci, model-block, release"):
+    with pytest.raises(ValueError, match="profiles: checkpoint, ci, model-block, release"):
         profiles.profile("nightly")
 
 
