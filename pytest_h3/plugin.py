@@ -271,6 +271,8 @@ def pytest_report_header(config):
     h3 = config.stash.get(SESSION_KEY, None)
     if h3 is None:
         return None
+    if not h3.thresholds.is_dir():
+        return f"h3 thresholds: {h3.missing_thresholds()}"
     try:
         status = h3.thresholds_status()
     except Exception as error:  # a header never stops a run; the gates say what is wrong

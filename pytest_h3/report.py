@@ -94,7 +94,28 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
     if key is None:
         session.summary.append("evidence is UNSIGNED: pass --h3-sign-key or set H3GATE_SIGN_KEY to sign it")
     session.summary.append(verdict_line(statement))
+    session.summary.append(f"verify it: {verify_command(session, path, statement)}")
     return path
+
+
+def verify_command(session, path: Path, statement: dict) -> str:
+    """The ``h3gate verify`` of the evidence just written, against this session's thresholds and profile: with the
+    public key beside a signing key ``h3gate keygen`` made, ``--allow-unsigned`` for unsigned evidence."""
+    import shlex
+
+    from h3gate.signing import PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, keyid
+
+    thresholds = Path(os.path.relpath(session.thresholds)) if session.thresholds.is_absolute() else session.thresholds
+    parts = ["h3gate", "verify", str(path), f"--thresholds={thresholds}",
+             f"--profile={statement['predicate']['h3']['profile']['name']}"]
+    key = session.config.getoption("--h3-sign-key")
+    public = Path(key).with_name(PUBLIC_KEY_NAME) if key and Path(key).name == PRIVATE_KEY_NAME else None
+    if session.sign_key is None:
+        return shlex.join([*parts, "--allow-unsigned"])
+    if public is not None and public.is_file():
+        return shlex.join([*parts, f"--key={public}"])
+    return f"{shlex.join(parts)} --key=PUBLIC.pem, PUBLIC.pem holding the public key of keyid " \
+        f"{keyid(session.sign_key.public_key())[:16]}"
 
 
 def verdict_line(statement: dict) -> str:

@@ -96,6 +96,36 @@ class H3Session:
             return ModelRef(self._model.source, self._model.identity)
         return ModelRef(model_source(self.config.getoption("--h3-model"), self.config.getoption("--h3-model-seed")))
 
+    def missing_thresholds(self) -> str:
+        """Why the thresholds folder is not there, and how to point at the right one: without --h3-thresholds it is
+        ``<rootdir>/thresholds``, and pytest's rootdir is the folder of its configuration file, else of the paths
+        given, so a run from a subfolder of a repository without one looks in the subfolder."""
+        if self.config.getoption("--h3-thresholds"):
+            return f"{self.thresholds} does not exist (--h3-thresholds)"
+        config, root = self.config.inipath, self.config.rootpath
+        why = (f"the folder of pytest's configuration {config}" if config else
+               "the folder of the paths given, as pytest found no configuration file")
+        return (f"{self.thresholds} does not exist: it is <rootdir>/thresholds, and rootdir {root} is {why}; run pytest "
+                "from the folder holding thresholds/, pass --h3-thresholds, or set the repository up with h3gate init "
+                "(its pytest.ini makes the repository's root the rootdir from every subfolder)")
+
+    def next_after_freezing(self) -> str:
+        """What comes after a freeze: the command of the next file the checked gates still miss, else the command
+        that checks a candidate with them (:func:`h3gate.status.check_command`)."""
+        from h3gate import status, suite
+        from h3gate.profiles import profile
+
+        option = self.config.getoption
+        gates = {requirement.gate for requirement in profile(status.CHECKED_PROFILE).requirements}
+        report = status.status(self.thresholds, option("--h3-model"), self.device, gates=gates,
+                               shown=option("--h3-thresholds"))
+        todo = [row for row in report.rows if row.state != status.PRESENT]
+        if todo:
+            return f"next, {todo[0].file} ({len(todo)} file(s) to go; h3gate status lists them): {todo[0].command}"
+        command = status.check_command(suite.recorded(self.thresholds), option("--h3-model"),
+                                       status.device_option(report.device_class), option("--h3-thresholds"))
+        return f"every file the {', '.join(sorted(gates))} gates read is frozen and locked; next, check a candidate: {command}"
+
     def thresholds_status(self):
         """The state of the frozen files that the gates of the session's completeness profile read, for its model on
         its device (:mod:`h3gate.status`); large files (release-size captures) are hashed once per size and mtime,
@@ -206,6 +236,8 @@ class H3Session:
             workeroutput["h3"] = self.ledger.worker_output()
             return True
         outcomes = self.ledger.final_outcomes()
+        if self.freezing and self.frozen_here:
+            self.summary.append(self.next_after_freezing())
         if self.freezing or not outcomes:
             return True
         from h3gate.gate_passes import one_line
@@ -280,6 +312,7 @@ class GateItem:
             variant_names=variants.split(",") if variants else None, force_reason=option("--h3-freeze-force"),
             kernel_examples=option("--h3-kernel-examples"), verify_last_step=option("--h3-verify-last-step"),
             required_override=option("--h3-skip-model-gate"), progress=self.progress, stream=self.progress_stream(),
+            model_spec=option("--h3-model"),
         )
 
     def bounds(self):
@@ -290,23 +323,37 @@ class GateItem:
 
         module = registry.REGISTRY[self.kind].module
         gate_run = self.gate_run()
-        if module.bounds_file(gate_run) is None:
+        path = module.bounds_file(gate_run)
+        if path is None:
             raise bounds_mod.BoundsError(f"the {self.kind} gate freezes no bounds")
         try:
             return module.load_bounds(gate_run)
         except bounds_mod.BoundsError as error:
-            raise bounds_mod.BoundsError(f"{error}; freeze them with the {self.kind} gate's test, e.g. "
-                                         f"{self.freeze_command('tests/gates')}") from None
+            raise bounds_mod.BoundsError(f"{error}; freeze them with: {self.freeze_command(self.freezer(path))}") from None
 
-    def freeze_command(self, target: str) -> str:
+    def freezer(self, path: Path) -> list[str]:
+        """The pytest arguments that select the gate-suite item freezing ``path`` (:mod:`h3gate.suite`); this test's
+        own node id where the file is its own (a team's threshold)."""
+        from h3gate import status, suite
+
+        thresholds = self.session.thresholds
+        item = status.freezing_item(path.relative_to(thresholds).as_posix(), self.session.model_name,
+                                    path.parent.name, status.num_layers(self.session.config.getoption("--h3-model")))
+        return [self.node.nodeid] if item is None else suite.targets(suite.recorded(thresholds), item)
+
+    def freeze_command(self, targets: list[str]) -> str:
         from h3gate.status import freeze_command
 
         option = self.session.config.getoption
-        return freeze_command(target, option("--h3-model"), option("--h3-device"), option("--h3-thresholds"))
+        return freeze_command(targets, option("--h3-model"), option("--h3-device"), option("--h3-thresholds"))
 
     def missing_bounds(self, error: Exception) -> GateResult:
-        """Missing or unusable bounds fail the gate and say exactly how to freeze them."""
-        reason = f"{error}; freeze them with: {self.freeze_command(self.node.nodeid)}"
+        """Missing or unusable bounds fail the gate and say exactly how to freeze them (or where the thresholds folder
+        was looked for, when it is not there at all)."""
+        if not self.session.thresholds.is_dir():
+            reason = f"{error}: {self.session.missing_thresholds()}"
+        else:
+            reason = f"{error}; freeze them with: {self.freeze_command([self.node.nodeid])}"
         return GateResult(self.kind, self.params, [Check.failed("bounds", "missing", reason)])
 
     def frozen(self, frozen) -> GateResult:

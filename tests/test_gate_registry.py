@@ -6,7 +6,7 @@ import json
 import pytest
 
 from h3gate import gates as registry
-from h3gate import status
+from h3gate import status, suite
 
 TOY_GATE = '''
 """A toy gate: the candidate's SwiGLU in bfloat16 against float64, bounded by 1.5 x the provider's error."""
@@ -115,6 +115,7 @@ def test_registering_twice_or_out_of_order_is_refused():
 def test_a_toy_gate_is_one_module_and_one_registry_line(pytester, monkeypatch):
     monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))  # the toy leaves with this test
     (pytester.path / "thresholds").mkdir()
+    (pytester.path / "thresholds" / suite.RECORD).write_text(suite.record_text("."))  # the suite: the project's root
     pytester.makepyfile(toy_gate=TOY_GATE, conftest=CONFTEST + SWAPPED, test_toy=TOY_TEST)
     pytester.syspathinsert()
     args = ["-p", "no:cacheprovider", "--h3-device=cpu", "-m", "gate", "test_toy.py"]

@@ -36,7 +36,7 @@ def test_layers_come_from_the_argument_or_the_environment(monkeypatch):
     assert status.model_source(RELEASE, 3) == "preset:release:seed=3:layers=4"
     assert status.transformer_config(RELEASE) == {**RELEASE_CONFIG, "num_layers": 4}
     assert status.default_device(RELEASE) == "cuda"
-    assert status.freeze_command("tests/gates/test_model.py", RELEASE, "cuda").startswith(
+    assert status.freeze_command(["tests/gates/test_model.py"], RELEASE, "cuda").startswith(
         "H3GATE_LAYERS=4 pytest tests/gates/test_model.py --h3-freeze --h3-model=release --h3-device=cuda")
     for bad in ("0", "51", "four"):
         monkeypatch.setenv(LAYERS_VARIABLE, bad)

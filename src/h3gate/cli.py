@@ -162,22 +162,75 @@ def _checkpoint_make(args) -> int:
 
 
 def _contracts(args) -> int:
-    from h3gate import contract_defaults, status
+    from h3gate import contract_defaults
     from h3gate.bounds import BoundsError
 
     problem = _free_folder(Path(args.thresholds))
     if problem:
         return _refuse("contracts", 2, f"--thresholds {args.thresholds}: {problem}")
     try:
-        paths = contract_defaults.write(args.model, args.thresholds, args.replace)
+        canvas = contract_defaults.parse_canvas(args.canvas) if args.canvas else None
+        paths = contract_defaults.write(args.model, args.thresholds, args.replace, canvas)
     except (BoundsError, ValueError, OSError) as error:
         return _refuse("contracts", 2, str(error))
     for path in paths:
         print(f"wrote and locked {path}" + (f" (replaced: {args.replace})" if args.replace else ""))
-    shown = None if args.thresholds == status.DEFAULT_THRESHOLDS else args.thresholds
+    _print_next_after_contracts(args.model, args.device, args.thresholds)
+    return 0
+
+
+def _print_next_after_contracts(model: str, device: str | None, thresholds: str) -> None:
+    """The freeze commands of the contracts just written, then the command that checks a candidate: each names the
+    repository's own gate suite (:mod:`h3gate.suite`)."""
+    from h3gate import contract_defaults, status, suite
+
+    shown = None if thresholds == status.DEFAULT_THRESHOLDS else thresholds
+    device = device or status.default_device(model)
     print("next, freeze the bounds (cheap gates first):")
-    for command in contract_defaults.freeze_commands(args.model, args.device or status.default_device(args.model), shown):
+    for command in contract_defaults.freeze_commands(model, device, shown):
         print(f"  {command}")
+    print("then check a candidate (--h3-candidate, default h3_triton) with the gates that read them:")
+    print(f"  {status.check_command(suite.recorded(thresholds), model, device, shown)}")
+
+
+def _init(args) -> int:
+    """Set the repository in the current folder up: gate suite, pytest.ini, thresholds folder; with --model its
+    contracts too. Every refusal comes before the first file is written."""
+    from h3gate import contract_defaults, repository
+    from h3gate.bounds import BoundsError
+
+    root, thresholds = Path.cwd(), Path(args.thresholds)
+    problem = _free_folder(thresholds)
+    if problem:
+        return _refuse("init", 2, f"--thresholds {args.thresholds}: {problem}")
+    try:
+        written = repository.plan(root, args.suite, thresholds, args.force)
+        contracts = contract_defaults.paths(args.model, thresholds) if args.model else []
+    except (repository.SetupError, ValueError) as error:
+        return _refuse("init", 2, str(error))
+    existing = [path for path in contracts if path.exists()]
+    if existing and not args.force:
+        return _refuse("init", 2, f"{existing[0]} exists: init overwrites no contract (bounds were frozen for it); "
+                       "pass --force to write the defaults anyway")
+    try:
+        paths = repository.write(thresholds, written)
+    except OSError as error:
+        return _refuse("init", 2, str(error))
+    for path, what in paths.items():
+        print(f"wrote {path.relative_to(root) if path.is_absolute() else path}: {what}")
+    for note in written.notes:
+        print(f"note: {note}")
+    if not args.model:
+        print("next, a checkpoint folder to qualify (yours, or a test-sized one) and its contracts:")
+        print("  h3gate checkpoint make --preset tiny checkpoint")
+        print("  h3gate contracts --model=checkpoint")
+        return 0
+    try:
+        for path in contract_defaults.write(args.model, thresholds, "h3gate init --force" if args.force else None):
+            print(f"wrote and locked {path}")
+    except (BoundsError, ValueError, OSError) as error:
+        return _refuse("init", 2, str(error))
+    _print_next_after_contracts(args.model, args.device, args.thresholds)
     return 0
 
 
@@ -529,6 +582,7 @@ def _add_checks(parser: argparse.ArgumentParser, thresholds_required: bool) -> N
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from h3gate import suite as suite_module
     from h3gate.gates import REGISTRY
 
     parser = argparse.ArgumentParser(
@@ -619,13 +673,35 @@ def build_parser() -> argparse.ArgumentParser:
                                  "writing holds (default: 5GB, the Hub's recommended size)")
     checkpoint_make.set_defaults(run=_checkpoint_make)
 
+    init = commands.add_parser(
+        "init",
+        help="set the repository in this folder up for the gates: a gate suite file, pytest.ini, a thresholds folder "
+        "(and with --model its contracts), then print the next commands",
+        description="Writes the gate suite (--suite, pytest-h3's markers and fixtures: kernel, block, model and "
+        "generation gates), pytest.ini where pytest has no configuration here (junit_family = xunit1, and this folder "
+        "as pytest's rootdir), and the thresholds folder with its lock and thresholds/suite.json, the record of the "
+        "suite that every printed command names. Run it at the repository's root. Existing files are refused unless "
+        "--force; an existing pytest configuration is never edited.",
+    )
+    init.add_argument("--model", "--h3-model", dest="model", default=None,
+                      help="also write and lock the contracts of this model: tiny, edge, small, release or a checkpoint "
+                      "folder")
+    init.add_argument("--suite", default=suite_module.DEFAULT_FILE,
+                      help=f"the gate suite file to write (default: {suite_module.DEFAULT_FILE})")
+    init.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")
+    init.add_argument("--device", default=None, help="the --h3-device of the printed commands (default: cuda when "
+                      "visible)")
+    init.add_argument("--force", action="store_true", help="replace files init would write that exist already")
+    init.set_defaults(run=_init)
+
     contracts = commands.add_parser(
         "contracts",
         help="write and lock the default contracts of a model (model contract at its own canvas, generation and "
         "generation-preflight), then print the commands that freeze its bounds",
         description="Writes thresholds/<model>/model-contract.json, generation-contract.json and "
-        "generation-preflight-contract.json (h3gate.contract_defaults says what they pin) and locks them; existing "
-        "contracts are kept unless --replace gives a reason.",
+        "generation-preflight-contract.json (h3gate.contract_defaults says what they pin: a model narrower than the "
+        "release one generates as the tiny preset, fl2va in 8 steps) and locks them; existing contracts are kept "
+        "unless --replace gives a reason.",
     )
     contracts.add_argument("--model", "--h3-model", dest="model", required=True,
                            help="a checkpoint folder, a preset (tiny, edge, small) or release")
@@ -634,6 +710,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "visible)")
     contracts.add_argument("--replace", metavar="REASON", default=None, help="overwrite existing contracts, for this "
                            "reason (their frozen bounds no longer match)")
+    contracts.add_argument("--canvas", metavar="FxHxW", default=None,
+                           help="the model contract's latent frames, height and width, where the model and block gates "
+                           "measure (default: the folder's own canvas over its VAE's compression; a test-sized "
+                           "transformer alone: the tiny preset's)")
     contracts.set_defaults(run=_contracts)
 
     bench = commands.add_parser(

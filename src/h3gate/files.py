@@ -132,8 +132,19 @@ class WriteError(OSError):
     """A file could not be written (full disk, no permission); nothing half-written was left behind."""
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
-    """Write ``data`` to ``path`` through a temporary file, fsync and rename."""
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _umask()  # read once: os.umask can only be read by setting it, which other threads would see
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` through a temporary file, fsync and rename. The file gets ``mode``, by default the
+    one it had, or for a new file the one ``open`` would give it (mkstemp's own, 0600, would hide a repository's files
+    from its other users); set before any byte is written."""
     path = Path(path)
     if isinstance(data, str):
         data = data.encode()
@@ -141,6 +152,9 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+        if mode is None:
+            mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~UMASK
+        os.fchmod(handle, mode)
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
             stream.flush()

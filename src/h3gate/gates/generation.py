@@ -736,7 +736,7 @@ def contract_of(run) -> GenerationContract:
         present = ", ".join(other for other in names if other != "model") or "none"  # model: the model gate's contract
         raise FileFormatError(path, f"no generation contract {name!r} for {run.model_name} (there: {present}); "
                                     "mark the test with one of those (contract=...), or write the default contracts "
-                                    f"with `h3gate contracts --model <--h3-model> --thresholds {run.thresholds}`")
+                                    f"with `{run.contracts_command()}`")
     contract = generation_contract.load(path)
     seed = run.params.get("seed")
     if seed is not None and seed not in contract.seeds:
