@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
 import torch
 
 from h3gate import environment, profiles
@@ -55,12 +57,33 @@ def _files(results: dict, thresholds: Path, model_name: str) -> list[Path]:
     return sorted(path for path in files if path.is_file())
 
 
-# The JUnit XML the evidence digests: a copy of this session's, since pytest rewrites --junitxml in every session,
-# an interrupted one too, which would leave the earlier evidence naming a file that changed under it.
-EVIDENCE_JUNIT = "evidence-junit.xml"
+# Each session's own files the evidence digests, kept under sessions/<UTC time>-<run id>/ of --h3-out: results.json and
+# pytest's JUnit XML are rewritten by every session (pytest rewrites --junitxml even in an interrupted one), and the
+# evidence of the folder, which joins every session's tests, must keep naming files that do not change under it.
+SESSIONS = "sessions"
+
+
+def session_record(session, results_path: Path, facts: dict) -> list[Path]:
+    """This session's results and JUnit XML (redacted as the statement is), copied under ``sessions/<id>/`` of
+    --h3-out: the files its tests' evidence digests."""
+    from h3gate import evidence
+
+    started = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")  # sessions sort by time, to the microsecond
+    folder = Path(session.out) / SESSIONS / f"{started}-{session.run_id[:8]}"
+    kept = [evidence.keep_copy(results_path, folder / "results.json")]
+    junit = session.config.getoption("xmlpath", None)
+    if junit and Path(junit).is_file():
+        if Path(session.out).resolve() in Path(junit).resolve().parents:
+            evidence.redact_xml(Path(junit), facts)
+            kept.append(evidence.keep_copy(Path(junit), folder / "junit.xml"))
+        else:
+            session.summary.append(f"{junit} is not evidence: only files under --h3-out are (--junitxml=OUT/junit.xml)")
+    return kept
 
 
 def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
+    """The session's statement, joined to the evidence earlier sessions left in --h3-out (:func:`h3gate.evidence.
+    accumulate`) and sealed there."""
     from h3gate import evidence  # loads cryptography (signing): only where evidence is written
     results = session.ledger.results
     contexts = [r.get("context", {}) for r in results.values()]
@@ -69,33 +92,75 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
         model = {"name": session.model.name, "identity": session.model.identity, "source": session.model.source}
     candidate = next((c["candidate"] for c in contexts if "candidate" in c), None) or session.candidate.identity()
     facts = environment.collect()
-    extra = [results_path]
-    junit = session.config.getoption("xmlpath", None)
-    if junit and Path(junit).is_file():
-        if Path(session.out).resolve() in Path(junit).resolve().parents:
-            evidence.redact_xml(Path(junit), facts)
-            extra.append(evidence.keep_copy(Path(junit), Path(session.out) / EVIDENCE_JUNIT))
-        else:
-            session.summary.append(f"{junit} is not evidence: only files under --h3-out are (--junitxml=OUT/junit.xml)")
-    key = session.sign_key
-    path, statement = evidence.write_evidence(
-        session.out,
+    statement = evidence.build_statement(
         results,
         outcomes,
         profiles.profile(session.config.getoption("--h3-profile")),
-        _artifacts(results, extra),
+        _artifacts(results, session_record(session, results_path, facts)),
+        session.out,
         session.thresholds,
         _files(results, session.thresholds, model["name"]),
         model,
         candidate,
         facts,
-        key,
     )
+    key = session.sign_key
+    path, joined = evidence.add_session(session.out, statement, key, session.thresholds)
     if key is None:
         session.summary.append("evidence is UNSIGNED: pass --h3-sign-key or set H3GATE_SIGN_KEY to sign it")
-    session.summary.append(verdict_line(statement))
-    session.summary.append(f"verify it: {verify_command(session, path, statement)}")
+    ours = statement["predicate"]["h3"]["tests"]
+    kept = [nodeid for nodeid, test in joined["predicate"]["h3"]["tests"].items() if ours.get(nodeid) != test]
+    if kept:
+        session.summary.append(f"evidence keeps {len(kept)} gate item{'s' if len(kept) > 1 else ''} of earlier "
+                               f"sessions in {session.out} (a session adds to the evidence of its --h3-out)")
+    session.summary.append(verdict_line(joined))
+    session.summary.append(f"verify it: {verify_command(session, path, joined)}")
     return path
+
+
+def check_joinable(session) -> None:
+    """At session start, before any gate runs: refuse an --h3-out whose evidence this session's could not join at its
+    end (:func:`h3gate.evidence.accumulate`), for what can be told now: another signing key (or none), another h3gate,
+    another candidate or model. The folder's evidence is never replaced by a session's that cannot join it."""
+    from h3gate import evidence
+    from h3gate.bounds import read_lock
+    from h3gate.signing import EVIDENCE_NAME, EvidenceError, keyid, open_envelope
+
+    path = Path(session.out) / EVIDENCE_NAME
+    if not path.exists():
+        return
+    try:
+        envelope = open_envelope(path)
+        statement = evidence.statement_of(envelope)
+    except EvidenceError as error:
+        raise pytest.UsageError(f"--h3-out={session.out}: {path} is not evidence a session can join ({error.reason}): "
+                                "move it away, or give another --h3-out") from None
+    h3 = statement["predicate"]["h3"]
+    roles = {entry["annotations"]["role"]: entry["name"] for entry in statement["predicate"]["configuration"]}
+    key, writer, own = session.sign_key, h3["tool"], evidence.tool()
+    problem = None
+    if key is None and envelope.signatures:
+        problem = f"it is signed (keyid {envelope.signed_by()[0][:16]}) and this session has no key: pass that key " \
+                  "with --h3-sign-key"
+    elif key is not None and keyid(key.public_key()) not in envelope.signed_by():
+        signer = f"signed by keyid {envelope.signed_by()[0][:16]}" if envelope.signatures else "unsigned"
+        problem = f"it is {signer}, and this session's key (keyid {keyid(key.public_key())[:16]}) must not vouch for " \
+                  "what it did not sign"
+    elif (writer["version"], writer["source_sha256"]) != (own["version"], own["source_sha256"]):
+        problem = f"h3gate {writer['version']} source {writer['source_sha256'][:16]} wrote it, this is h3gate " \
+                  f"{own['version']} source {own['source_sha256'][:16]}"
+    elif roles["candidate"] != f"candidate:{session.candidate.identity()['name']}":
+        problem = f"it qualifies {roles['candidate']}, this session candidate:{session.candidate.identity()['name']}"
+    elif roles["model"] != f"model:{session.model_name}":
+        problem = f"it qualifies {roles['model']}, this session model:{session.model_name}"
+    else:
+        try:
+            evidence.check_locked(statement, read_lock(session.thresholds), session.thresholds)
+        except EvidenceError as error:  # bounds or contracts frozen again since: its items measured against others
+            problem = f"its items were measured against other bounds or contracts: {error.reason}"
+    if problem:
+        raise pytest.UsageError(f"--h3-out={session.out} holds evidence this session's could not join ({problem}): "
+                                f"give another --h3-out, or move {path} away to start anew")
 
 
 def verify_command(session, path: Path, statement: dict) -> str:

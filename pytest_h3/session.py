@@ -42,6 +42,7 @@ class H3Session:
         self._candidate = None
         self.sign_key = None  # checked when the session starts (pytest_h3.settings)
         self.started = False
+        self.refused = False  # the start refused the session (a usage error): it leaves no results or evidence
 
     @property
     def device(self) -> str:
@@ -194,16 +195,26 @@ class H3Session:
     # Session start and end ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Refuse at once what would fail every gate: a tampered thresholds folder, a candidate that cannot be built."""
+        """Refuse at once what would fail every gate: a tampered thresholds folder, a candidate that cannot be built, an
+        --h3-out whose evidence this session's could not join. A refused session writes no results or evidence."""
         if self.started:
             return
         self.started = True
+        self.refused = True
+        self._start()
+        self.refused = False
+
+    def _start(self) -> None:
         import pytest_h3.gates  # noqa: F401  the engine (torch, diffusers), which every gate item needs: paid here,
         import pytest_h3.report  # noqa: F401  once, not by the first item
         self.share_host_threads()
         self.verify_thresholds()
         if not self.freezing:
             self.candidate
+            if getattr(self.config, "workerinput", None) is None:  # the controller writes the evidence
+                from pytest_h3.report import check_joinable
+
+                check_joinable(self)
 
     def share_host_threads(self) -> None:
         """A session whose gates run on the CPU computes with one thread (:func:`h3gate.numerics.one_cpu_thread`), so
@@ -238,8 +249,8 @@ class H3Session:
         outcomes = self.ledger.final_outcomes()
         if self.freezing and self.frozen_here:
             self.summary.append(self.next_after_freezing())
-        if self.freezing or not outcomes:
-            return True
+        if self.freezing or self.refused or all(outcome.outcome == "deselected" for outcome in outcomes.values()):
+            return True  # nothing to add: no gate item ran
         from h3gate.gate_passes import one_line
         from pytest_h3.report import write_session_evidence
 

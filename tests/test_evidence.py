@@ -633,6 +633,58 @@ def test_a_signing_merge_refuses_unsigned_or_foreign_shards(run, key):
     assert error.value.kind == "signature"
 
 
+# Accumulating the sessions of one folder -------------------------------------------------------------------
+
+
+def session(run: Run, nodeids, **identity) -> dict:
+    """The statement a session of ``nodeids`` builds in the run's folder, its artifacts in place."""
+    return evidence.build_statement(
+        {n: run.results[n] for n in nodeids if n in run.results}, {n: run.outcomes[n] for n in nodeids},
+        profiles.PROFILES["release"], [run.artifacts[n] for n in nodeids if n in run.artifacts], run.root,
+        run.thresholds, run.files, identity.get("model", MODEL), identity.get("candidate", CANDIDATE), ENVIRONMENT)
+
+
+def test_sessions_into_one_folder_join_as_one_session_of_every_item(run, key):
+    single = session(run, list(ITEMS))
+    evidence.add_session(run.root, session(run, HALVES[0]), key, run.thresholds)
+    path, joined = evidence.add_session(run.root, session(run, HALVES[1]), key, run.thresholds)
+    assert without_timings(joined) == without_timings(single), "redacted fields included, indexed as one session's"
+    assert evidence.verify(path, [key.public_key()], run.thresholds).result == "PASSED"
+
+
+def test_a_session_without_a_verdict_on_an_item_keeps_the_earlier_verdict(tmp_path, key):
+    model = "tests/gates/test_model.py::test_model"
+    good = make_run(tmp_path)
+    evidence.add_session(tmp_path, session(good, list(ITEMS)), key, good.thresholds)
+    crashed = make_run(tmp_path, outcome={model: "error"})
+    _, joined = evidence.add_session(tmp_path, session(crashed, [model]), key, crashed.thresholds)
+    assert joined["predicate"]["h3"]["tests"][model]["outcome"] == "passed"
+    assert joined["predicate"]["h3"]["verdict"] == "PASSED"
+    failed = make_run(tmp_path, failing=(model,))
+    path, joined = evidence.add_session(tmp_path, session(failed, [model]), key, failed.thresholds)
+    assert joined["predicate"]["h3"]["tests"][model]["outcome"] == "failed", "a verdict is a finding: the newest wins"
+    with pytest.raises(EvidenceError, match=f"1 gate test\\(s\\) failed: {model}"):
+        evidence.verify(path, [key.public_key()])
+
+
+def test_a_session_that_cannot_join_leaves_the_folders_evidence_as_it_was(run, key):
+    path, _ = evidence.add_session(run.root, session(run, HALVES[0]), key, run.thresholds)
+    good = path.read_bytes()
+    other = {**CANDIDATE, "source_sha256": "11" * 32}
+    for statement, signer, message in [
+        (session(run, HALVES[1]), None, "is signed .* and this session has no key"),
+        (session(run, HALVES[1]), Ed25519PrivateKey.generate(), "no signature by a trusted key|signed by"),
+        (session(run, HALVES[1], candidate=other), key, "candidate candidate:h3_triton: sha256"),
+    ]:
+        with pytest.raises(EvidenceError, match=message):
+            evidence.add_session(run.root, statement, signer, run.thresholds)
+        assert path.read_bytes() == good
+    run.artifacts[HALVES[0][0]].write_bytes(b"changed since")
+    with pytest.raises(EvidenceError, match="no longer matches its files"):
+        evidence.add_session(run.root, session(run, HALVES[1]), key, run.thresholds)
+    assert path.read_bytes() == good
+
+
 # Environment ------------------------------------------------------------------------------------------------
 
 

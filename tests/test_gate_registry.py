@@ -143,7 +143,7 @@ def test_a_toy_gate_is_one_module_and_one_registry_line(pytester, monkeypatch):
     results = json.loads((pytester.path / "h3-out" / "results.json").read_text())["results"]
     assert sorted(result["gate"] for result in results.values()) == ["toy", "toy"]
 
-    caught = pytester.runpytest(*args, "--h3-candidate=swapped")
+    caught = pytester.runpytest(*args, "--h3-candidate=swapped", "--h3-out=swapped")  # its own evidence folder
     caught.assert_outcomes(failed=2)
     caught.stdout.fnmatch_lines(["E * where False = <toy gate [[]seed=1[]] FAILED 1/1 checks; worst seed1: *>.passed"])
     assert "GateResult(" not in caught.stdout.str(), "a failed assert shows the result's summary, not its fields"
@@ -196,7 +196,7 @@ def test_evidence_that_cannot_be_written_fails_the_run_and_keeps_the_results(pyt
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("h3gate.evidence.write_evidence", disk_full)
+    monkeypatch.setattr("h3gate.evidence.add_session", disk_full)
     pytester.makepyfile(greedy_gate=OOM_GATE, conftest='''
 from h3gate.gates import SEEDS, Gate, register
 

@@ -46,7 +46,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from h3gate.bounds import BoundsError, verify_lock
+from h3gate.bounds import BoundsError, read_lock, verify_lock
 from h3gate.candidates import source_digest
 from h3gate.files import (
     MAX_JSON_BYTES,
@@ -57,6 +57,7 @@ from h3gate.files import (
     sha256_bytes,
     sha256_file,
     sha256_regular,
+    signals_deferred,
     write_atomic,
 )
 from h3gate.profiles import FAILED, INCOMPLETE, OUTCOMES, PASSED, PROFILES, Outcome, Profile, tally, verdict
@@ -524,12 +525,13 @@ def write_sealed(out_dir: Path, statement: dict, sign_key: PrivateKey | None) ->
     """evidence.json (the envelope), redaction.json and SHA256SUMS (of the subjects and those two) in ``out_dir``."""
     out_dir = Path(out_dir)
     evidence = out_dir / EVIDENCE_NAME
-    write_atomic(out_dir / REDACTION_NAME, dumps(redaction_record(statement)))
-    write_atomic(evidence, dumps(seal(statement, sign_key)))
+    envelope, redaction = dumps(seal(statement, sign_key)), dumps(redaction_record(statement))
     sums = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
-    for name in (EVIDENCE_NAME, REDACTION_NAME):
-        sums[name] = sha256_file(out_dir / name)
-    write_atomic(out_dir / SUMS_NAME, "".join(f"{digest}  {name}\n" for name, digest in sorted(sums.items())))
+    sums.update({EVIDENCE_NAME: sha256_bytes(envelope.encode()), REDACTION_NAME: sha256_bytes(redaction.encode())})
+    with signals_deferred():  # the three agree, or the earlier three stay
+        write_atomic(out_dir / REDACTION_NAME, redaction)
+        write_atomic(evidence, envelope)
+        write_atomic(out_dir / SUMS_NAME, "".join(f"{digest}  {name}\n" for name, digest in sorted(sums.items())))
     return evidence
 
 
@@ -661,6 +663,13 @@ def check_lock(statement: dict, thresholds: Path) -> str:
         locked = verify_lock(thresholds)
     except (BoundsError, FileFormatError, OSError) as error:
         raise EvidenceError("lock", str(error).replace("\n", " ")) from None
+    check_locked(statement, locked, thresholds)
+    return f"matches {thresholds / 'LOCK.json'}"
+
+
+def check_locked(statement: dict, locked: dict[str, str], thresholds: Path) -> None:
+    """Each bounds and contract file the statement names has its digest in ``locked`` (the entries of the thresholds
+    lock: whether the files match them is the lock's own check)."""
     for entry in statement["predicate"]["configuration"]:
         if entry["annotations"]["role"] not in ROLES:
             continue
@@ -669,9 +678,8 @@ def check_lock(statement: dict, thresholds: Path) -> str:
             raise EvidenceError(
                 "lock",
                 f"{entry['annotations']['role']} {entry['name']}: sha256 {str(entry['digest'].get('sha256', ''))[:16]} "
-                f"in the evidence, {held} in {thresholds / 'LOCK.json'}",
+                f"in the evidence, {held} in {Path(thresholds) / 'LOCK.json'}",
             )
-    return f"matches {thresholds / 'LOCK.json'}"
 
 
 def check_verdict(statement: dict, required: Profile | None) -> tuple[str, str]:
@@ -788,8 +796,8 @@ def bundle(evidence: Path, out_dir: Path) -> list[Path]:
 
 def merge(shards: list[Path], out_dir: Path, sign_key: PrivateKey | None = None) -> Path:
     """Join the evidence of shards into one statement in ``out_dir``, equal to the unsharded run's (timings
-    aside). Shards must share model, candidate, bounds, contracts and profile, and run disjoint tests; the
-    difference is named otherwise. Subject names are rebased onto ``out_dir``, which must hold every shard's
+    aside). Shards must share model, candidate, bounds, contracts and profile, and run disjoint tests (an item the
+    shards' -k or -m deselects is in each of them, deselected); the difference is named otherwise. Subject names are rebased onto ``out_dir``, which must hold every shard's
     artifacts (e.g. the shards' common parent folder). With ``sign_key`` every shard
     must carry a valid signature by that same key (re-signing must not vouch for what nobody signed), and the
     result is signed; without it the result is unsigned."""
@@ -810,7 +818,10 @@ def merge(shards: list[Path], out_dir: Path, sign_key: PrivateKey | None = None)
         if first is None:
             first = (envelope.path, predicate["configuration"], h3["profile"], h3["tool"])
         else:
-            joined = _joined_configuration(first, envelope.path, predicate["configuration"], h3["profile"], h3["tool"])
+            if h3["profile"] != first[2]:
+                raise EvidenceError(
+                    "conflict", f"profile {h3['profile']['name']} in {envelope.path}, {first[2]['name']} in {first[0]}")
+            joined = _joined_configuration(first, envelope.path, predicate["configuration"], h3["tool"])
             first = (first[0], joined, *first[2:])
         for entry in statement["subject"]:
             name = Path(os.path.relpath((envelope.path.parent / entry["name"]).resolve(), out_dir)).as_posix()
@@ -828,38 +839,35 @@ def merge(shards: list[Path], out_dir: Path, sign_key: PrivateKey | None = None)
                 )
             subject[name] = (digest, envelope.path)
         for nodeid, test in h3["tests"].items():
-            if nodeid in tests:
+            if nodeid in tests and "deselected" not in (test["outcome"], tests[nodeid][0]["outcome"]):
                 raise EvidenceError(
                     "conflict",
                     f"test {nodeid} is in both {tests[nodeid][1]} and {envelope.path}: shards must run disjoint items",
                 )
-            tests[nodeid] = (test, envelope.path)
+            if nodeid not in tests or tests[nodeid][0]["outcome"] == "deselected":  # -k deselects it in every shard
+                tests[nodeid] = (test, envelope.path)
         for key, environment in h3["environments"].items():
             if environments.setdefault(key, environment) != environment:
                 raise EvidenceError("conflict", f"environment {key} differs between shards (edited?): {envelope.path}")
-        redacted.update(h3["redacted"])
+        redacted.update(_redacted_by_name(h3["redacted"], predicate["configuration"]))
     merged = assemble(
         [{"name": name, "digest": {"sha256": digest}} for name, (digest, _) in subject.items()],
         first[1],
         {nodeid: test for nodeid, (test, _) in tests.items()},
         environments,
         Profile.from_json(first[2]),
-        redacted,
+        _redacted_by_index(redacted, first[1]),
         first[3],
         utc_now(),
     )
     return write_sealed(out_dir, merged, sign_key)
 
 
-def _joined_configuration(first: tuple, path: Path, config: list[dict], profile_json: dict, writer: dict) -> list[dict]:
-    """The union of two shards' configurations; a shard measured against anything else than the others (another
-    profile, model or candidate, the same file with another digest) or judged by another h3gate is refused with
-    the first difference named. A bounds file only one shard used (its gate items ran there) is no difference."""
-    first_path, first_config, first_profile, first_tool = first
-    if profile_json != first_profile:
-        raise EvidenceError(
-            "conflict", f"profile {profile_json['name']} in {path}, {first_profile['name']} in {first_path}"
-        )
+def _joined_configuration(first: tuple, path: Path, config: list[dict], writer: dict) -> list[dict]:
+    """The union of two statements' configurations; one measured against anything else than the other (another model
+    or candidate, the same file with another digest) or judged by another h3gate is refused with the first difference
+    named. A bounds file only one of them used (its gate items ran there) is no difference."""
+    first_path, first_config, _, first_tool = first
     if writer != first_tool:
         raise EvidenceError(
             "conflict", f"h3gate {writer.get('version')} (source {str(writer.get('source_sha256'))[:16]}) wrote {path}, "
@@ -879,3 +887,87 @@ def _joined_configuration(first: tuple, path: Path, config: list[dict], profile_
             )
             raise EvidenceError("conflict", f"{role} {name}: {what}")
     return sorted({**theirs, **ours}.values(), key=lambda d: d["name"])
+
+
+_CONFIGURATION = re.compile(r"/predicate/configuration/(\d+)(/.*)?")
+
+
+def _redacted_by_name(redacted: dict, config: list[dict]) -> dict:
+    """Redaction pointers with a configuration entry's index replaced by its name (``#name``): indices shift when two
+    statements' configurations are joined."""
+    named = {}
+    for pointer, kinds in redacted.items():
+        match = _CONFIGURATION.fullmatch(pointer)
+        named[f"/predicate/configuration/#{config[int(match[1])]['name']}{match[2] or ''}" if match else pointer] = kinds
+    return named
+
+
+def _redacted_by_index(redacted: dict, config: list[dict]) -> dict:
+    """:func:`_redacted_by_name` undone against the joined configuration (sorted by name, as :func:`assemble` has it)."""
+    index = {entry["name"]: i for i, entry in enumerate(sorted(config, key=lambda d: d["name"]))}
+    pattern = re.compile(r"/predicate/configuration/#(.+?)(/annotations.*)")
+    restored = {}
+    for pointer, kinds in redacted.items():
+        match = pattern.fullmatch(pointer)
+        restored[f"/predicate/configuration/{index[match[1]]}{match[2]}" if match else pointer] = kinds
+    return dict(sorted(restored.items()))
+
+
+# Accumulating the sessions of one output folder -----------------------------------------------------------
+
+
+def _reached_verdict(test: dict) -> bool:
+    """Whether a test's gate reached a verdict (passed, warned, failed, not claimed), rather than leaving a gap."""
+    return verdict(test) not in ("skipped", "deselected", "crashed")
+
+
+def accumulate(previous: Path, statement: dict, sign_key: PrivateKey | None, thresholds: Path) -> dict:
+    """``statement`` (a session's, just built) joined to the evidence ``previous`` of the same output folder, which
+    earlier sessions wrote: every test of either, the session's where both have one, unless the session reached no
+    verdict on it (skipped, deselected, crashed, interrupted) and the earlier one did; subjects, environments and
+    configuration joined. Both must qualify the same model and candidate against the same bounds and contracts, judged
+    by the same h3gate, and be signed by the same key (or both unsigned: a key must not vouch for what nobody signed);
+    the earlier bounds and contracts must still be those of the ``thresholds`` lock; the session's profile is the
+    joined one's. Anything else is an :class:`EvidenceError` naming the difference, and nothing is written:
+    ``previous`` stays as it was."""
+    envelope = open_envelope(previous)
+    if sign_key is not None:
+        envelope.check_signature([sign_key.public_key()])
+    elif envelope.signatures:
+        raise EvidenceError("conflict", f"{envelope.path} is signed (keyid {envelope.signed_by()[0][:16]}) and this "
+                            "session has no key: its evidence could not join without losing that signature")
+    earlier = statement_of(envelope)
+    root = envelope.path.parent
+    try:
+        check_subjects(earlier, root)
+    except EvidenceError as error:
+        raise EvidenceError("conflict", f"the evidence in {root} no longer matches its files ({error.reason})") from None
+    check_locked(earlier, read_lock(thresholds), thresholds)  # the session start verified the files against it
+    h3, old = statement["predicate"]["h3"], earlier["predicate"]["h3"]
+    first = (envelope.path, earlier["predicate"]["configuration"], old["profile"], old["tool"])
+    config = _joined_configuration(first, Path("this session"), statement["predicate"]["configuration"], h3["tool"])
+    tests = dict(old["tests"])
+    replaced = set()
+    for nodeid, test in h3["tests"].items():
+        if nodeid in tests and not _reached_verdict(test) and _reached_verdict(tests[nodeid]):
+            continue
+        tests[nodeid] = test
+        replaced.add(nodeid)
+    for key, environment in h3["environments"].items():
+        if old["environments"].setdefault(key, environment) != environment:
+            raise EvidenceError("conflict", f"environment {key} differs from the one {envelope.path} records (edited?)")
+    kept = {pointer: kinds for pointer, kinds in _redacted_by_name(old["redacted"], earlier["predicate"]["configuration"]).items()
+            if not any(pointer.startswith(f"/predicate/h3/tests/{_escape(nodeid)}/") for nodeid in replaced)}
+    ours = _redacted_by_name(h3["redacted"], statement["predicate"]["configuration"])
+    subject = {entry["name"]: entry for entry in earlier["subject"]}
+    subject.update({entry["name"]: entry for entry in statement["subject"]})
+    return assemble(list(subject.values()), config, tests, old["environments"], Profile.from_json(h3["profile"]),
+                    _redacted_by_index({**kept, **ours}, config), h3["tool"], h3["created"])
+
+
+def add_session(out_dir: Path, statement: dict, sign_key: PrivateKey | None, thresholds: Path) -> tuple[Path, dict]:
+    """Seal ``statement`` as the evidence of ``out_dir``, joined to the evidence earlier sessions left there
+    (:func:`accumulate`); returns the evidence path and the statement sealed."""
+    previous = Path(out_dir) / EVIDENCE_NAME
+    joined = accumulate(previous, statement, sign_key, thresholds) if previous.exists() else statement
+    return write_sealed(out_dir, joined, sign_key), joined

@@ -7,11 +7,14 @@ keys, so a bounds file diffs readably in review.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import signal
 import stat
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -171,6 +174,26 @@ def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int | None = 
         if temporary is not None:
             Path(temporary).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """SIGINT and SIGTERM held until the block ends, then delivered: files that must agree with each other (an evidence
+    envelope and its SHA256SUMS) are written whole or not at all by a Ctrl-C. Only the main thread receives signals;
+    elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)
 
 
 def write_json(path: str | os.PathLike, value) -> None:
