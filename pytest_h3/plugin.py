@@ -16,6 +16,7 @@ import sys
 import pytest
 
 from h3gate import gates as registry
+from h3gate import quiet
 from h3gate.profiles import described
 from pytest_h3 import distribution, settings
 from pytest_h3.ledger import gate_of
@@ -148,6 +149,8 @@ def pytest_load_initial_conftests(early_config, parser, args):
 def pytest_configure(config):
     config.addinivalue_line("markers", "gate: a qualification gate (select the gate suite with -m gate)")
     config.addinivalue_line("markers", MARKER_HELP)
+    for line in quiet.pytest_filters():
+        config.addinivalue_line("filterwarnings", line)
     if config.getoption("--h3-freeze"):
         if getattr(config, "workerinput", None) is not None or _xdist_workers(config):
             raise pytest.UsageError(
