@@ -29,12 +29,12 @@ import torch
 from h3gate import bench
 from h3gate.bounds import lock_files
 from h3gate.candidates import load
-from h3gate.contract import load_model_contract
 from h3gate.files import write_json
-from h3gate.gates import block as block_gate
-from h3gate.gates import model as model_gate
+from h3gate.gates import block as block_gate, model as model_gate
 from h3gate.measure import kernel_seconds
-from h3gate.model import Model, load_model
+from h3gate.model.contract import load_model_contract
+from h3gate.model.factory import load_model
+from h3gate.model.identity import Model
 
 
 def profiling(enabled: bool, device: str):

@@ -19,7 +19,7 @@ import triton
 
 from h3_triton import gemm
 from h3_triton.backend import H3Triton
-from h3gate import provider_ops
+from h3gate import op_registry
 from h3gate.bench import RELEASE, _forward_backward, cases, median_ms
 
 
@@ -73,7 +73,7 @@ def main(argv=None) -> None:
         if case.op != args.op:
             continue
         inputs = case.make()
-        provider = _forward_backward(provider_ops.OPS[args.op], inputs, "random")
+        provider = _forward_backward(op_registry.provider_ops()[args.op], inputs, "random")
         provider_ms, provider_gpu = median_ms(provider, "cuda"), gpu_ms(provider)
         print(f"{case.label}: provider forward+backward {provider_ms:.4f} ms wall, {provider_gpu:.4f} ms GPU, "
               f"{host_ms(provider):.4f} ms host", flush=True)

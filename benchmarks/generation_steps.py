@@ -11,10 +11,10 @@ import time
 
 import torch
 
-from h3gate import generation_contract
 from h3gate.candidates import load
-from h3gate.model import load_model
-from h3gate.pipeline import build_components, generate, load_reference_image, make_pipeline
+from h3gate.generation import contract as generation_contract
+from h3gate.generation.pipeline import build_components, generate, load_reference_image, make_pipeline
+from h3gate.model.factory import load_model
 
 
 def step_times(pipe, contract, seed, device):

@@ -12,7 +12,7 @@ import argparse
 
 import torch
 
-from h3gate import provider_ops
+from h3gate import op_registry
 from h3gate.bench import OUTPUT_GRADS, SDPA_VARIANTS, SHAPES, _forward_backward, _sdpa, cases
 from h3gate.candidates import load
 
@@ -33,7 +33,7 @@ def profiled(fn, device: str, warmup: int = 3) -> None:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("op", help="an op of h3gate bench: " + ", ".join(provider_ops.OPS))
+    parser.add_argument("op", help="an op of h3gate bench: " + ", ".join(op_registry.provider_ops()))
     parser.add_argument("--backward", action="store_true", help="profile forward+backward (default: forward only)")
     parser.add_argument("--provider", action="store_true", help="profile the provider's op instead of the candidate's")
     parser.add_argument("--sdpa", choices=tuple(SDPA_VARIANTS), help="with --provider and attention: the SDPA backend")
@@ -44,15 +44,15 @@ def main():
     parser.add_argument("--output-grad", choices=OUTPUT_GRADS, default="random",
                         help="with --backward: the gradient it starts from, as h3gate bench's (default: random)")
     args = parser.parse_args()
-    if args.op not in provider_ops.OPS:
-        parser.error(f"unknown op {args.op!r}; choose one of {', '.join(provider_ops.OPS)}")
+    if args.op not in op_registry.provider_ops():
+        parser.error(f"unknown op {args.op!r}; choose one of {', '.join(op_registry.provider_ops())}")
     if args.sdpa and not (args.provider and args.op == "attention"):
         parser.error("--sdpa picks the provider's attention backend: use it with --provider and the op attention")
     matching = [case for case in cases(SHAPES[args.shape], args.device) if case.op == args.op]
     if not 0 <= args.case < len(matching):
         parser.error(f"--case {args.case}: {args.op} has {len(matching)} shape(s), 0 to {len(matching) - 1}")
     case = matching[args.case]
-    fn = provider_ops.OPS[args.op] if args.provider else load(args.candidate).kernel_ops()[args.op]
+    fn = op_registry.provider_ops()[args.op] if args.provider else load(args.candidate).kernel_ops()[args.op]
     inputs = case.make()
     if args.backward:
         step = _forward_backward(fn, inputs, args.output_grad)

@@ -1,13 +1,13 @@
 """The generation gate's preflight contract at release size on one GPU: provider and h3_triton, one seed.
 
 Builds the release-size pipeline in-process with random weights, directly on the device, as the gate does with
-``--h3-model=release``: the release transformer (:func:`h3gate.model.build_release`) and the other components
-(:data:`h3gate.pipeline_components.RELEASE_COMPONENTS`: the Qwen3-VL text encoder in bf16, both VAEs in float32).
+``--h3-model=release``: the release transformer (:func:`h3gate.model.factory.build_release`) and the other components
+(:data:`h3gate.generation.components.RELEASE_COMPONENTS`: the Qwen3-VL text encoder in bf16, both VAEs in float32).
 Every generation goes through the gate's own :func:`h3gate.gates.generation.run_generation` (run store, cached
 encodings, the text encoder back on the host once they are made, tiled decode).
 
 Prints and logs (JSON) per candidate and workflow: time per transformer call, the text encoder's build with every
-encoding it made, each decode, each with its peak memory (:func:`h3gate.pipeline.measured`); the generation's wall
+encoding it made, each decode, each with its peak memory (:func:`h3gate.generation.pipeline.measured`); the generation's wall
 time, its peak GPU memory (the largest of its parts') and the process's peak RSS; and the metrics of h3_triton's
 generation against the provider's.
 
@@ -26,10 +26,11 @@ from pathlib import Path
 
 import torch
 
-from h3gate import candidates, generation_contract, metrics
+from h3gate import candidates
 from h3gate.files import dumps, write_atomic
 from h3gate.gates import generation as gate
-from h3gate.model import load_model
+from h3gate.generation import contract as generation_contract, metrics
+from h3gate.model.factory import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 GIB = 2**30

@@ -3,7 +3,7 @@
 Usage: python benchmarks/release_model_gate.py [--model release|tiny|small] [--layers N] [--device cuda]
            [--candidate h3_triton] [--freeze sdpa-flash,...] [--saved-on host|device] [--profile] [--out log.json]
 
-Builds the release transformer's first N blocks on the GPU (``h3gate.model.build_release``: random weights, no
+Builds the release transformer's first N blocks on the GPU (``h3gate.model.factory.build_release``: random weights, no
 checkpoint folder) and runs :func:`h3gate.streaming.stream_errors` at the release contract (124 frames at
 1344x768: 38,222 rows): the check step (golden against the provider and the candidate at once) and, for each
 ``--freeze`` variant, a freeze step (golden against that variant alone). Each step reports its peak GPU memory
@@ -26,11 +26,11 @@ import torch
 
 from h3gate import bench, numerics
 from h3gate.candidates import load
-from h3gate.contract import load_model_contract, model_inputs
 from h3gate.files import write_json
 from h3gate.measure import kernel_seconds
-from h3gate.model import build_preset, build_release
-from h3gate.presets import RELEASE, RELEASE_CONFIG
+from h3gate.model.contract import load_model_contract, model_inputs
+from h3gate.model.factory import build_preset, build_release
+from h3gate.model.presets import RELEASE, RELEASE_CONFIG
 from h3gate.streaming import SAVED_ON, stream_errors
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,10 +1,10 @@
-"""Whether the resumable step store (``h3gate.resume.Run``) writes at disk speed and leaves the step loop alone.
+"""Whether the resumable step store (``h3gate.generation.resume.Run``) writes at disk speed and leaves the step loop alone.
 
 Usage: python benchmarks/step_store.py [--device cuda|cpu] [--steps 20] [--rounds 3] [--step-ms 500]
                                        [--fraction 1] [--folder DIR] [-o FILE]
 
 A step's inputs and outputs have the release transformer's shapes and dtypes at the release contract (38,222
-rows), without building the transformer: the inputs are ``h3gate.contract.model_inputs`` for the release config
+rows), without building the transformer: the inputs are ``h3gate.model.contract.model_inputs`` for the release config
 (26 MB, plus the ``attention_kwargs`` and ``return_dict`` the pipeline's denoiser passes), the outputs' shapes and
 dtypes are what the release transformer's forward gives on the meta device (video 1 x 37,296 x 96 and audio
 1 x 414 x 32, float32: a 14.4 MB step file).
@@ -45,11 +45,11 @@ from safetensors.torch import save as save_tensors
 from tqdm import tqdm
 
 from h3gate import bench
-from h3gate.contract import model_inputs
 from h3gate.files import write_json
-from h3gate.model import keeps_fp32
-from h3gate import resume
-from h3gate.resume import Run, hash_inputs, resolved
+from h3gate.generation import resume
+from h3gate.generation.resume import Run, hash_inputs, resolved
+from h3gate.model.contract import model_inputs
+from h3gate.model.factory import keeps_fp32
 
 RELEASE_STEP_MS = 6794.0  # the provider's 50-block transformer call, h200-release-step-tma.json
 MB = 1e6
@@ -348,7 +348,7 @@ def main():
                         help="where the phases write (a temporary folder inside it, removed after); put it on the "
                         "filesystem the run folders live on")
     parser.add_argument("--store-threads", type=int, default=resume.STORE_THREADS,
-                        help="the store's threads hashing inputs and writing step files (h3gate.resume.STORE_THREADS; "
+                        help="the store's threads hashing inputs and writing step files (h3gate.generation.resume.STORE_THREADS; "
                         "its default is this machine's)")
     parser.add_argument("-o", "--output", help="write the report as JSON here")
     args = parser.parse_args()

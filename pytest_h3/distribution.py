@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from pytest_h3.options import DEVICE, SHARD, WORKERS_PER_GPU
+
 CALLER_GPUS = "H3GATE_CALLER_GPUS"
 DEVICE_NODES = Path("/dev")  # where an NVIDIA driver puts nvidia0, nvidia1, ...
 
@@ -35,7 +37,21 @@ def caller_gpus() -> list[str]:
 
 def check_device_option(option: str) -> None:
     if option not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:\d+", option):
-        raise pytest.UsageError(f"--h3-device={option!r} is not cpu, cuda, cuda:N or auto")
+        raise pytest.UsageError(f"{DEVICE}={option!r} is not cpu, cuda, cuda:N or auto")
+
+
+def resolve_device(option: str) -> str:
+    """``cpu``, ``cuda`` or ``cuda:N`` for the ``--h3-device`` option (torch is imported only where a GPU may be)."""
+    check_device_option(option)
+    if cpu_run(option):
+        return "cpu"
+    import torch
+
+    if option == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if not torch.cuda.is_available():
+        raise pytest.UsageError(f"{DEVICE}={option} but no CUDA device is visible; use {DEVICE}=cpu")
+    return option
 
 
 def cpu_run(option: str) -> bool:
@@ -80,9 +96,9 @@ def check_workers(device_option: str, per_gpu: int, workers) -> None:
         return  # no GPU visible: auto runs on CPU, where workers need none
     if workers > len(gpus) * per_gpu:
         raise pytest.UsageError(
-            f"-n {workers} with --h3-device={device_option}: the caller sees {len(gpus)} GPU(s) "
-            f"({','.join(gpus) or 'none'}) and gives each {per_gpu} worker(s) (--h3-workers-per-gpu); run with "
-            f"-n {len(gpus) * per_gpu or 0} or -n auto, or raise --h3-workers-per-gpu"
+            f"-n {workers} with {DEVICE}={device_option}: the caller sees {len(gpus)} GPU(s) "
+            f"({','.join(gpus) or 'none'}) and gives each {per_gpu} worker(s) ({WORKERS_PER_GPU}); run with "
+            f"-n {len(gpus) * per_gpu or 0} or -n auto, or raise {WORKERS_PER_GPU}"
         )
 
 
@@ -107,7 +123,7 @@ def host_share() -> int | None:
 def parse_shard(spec: str) -> tuple[int, int]:
     match = re.fullmatch(r"(\d+)/(\d+)", spec)
     if not match or not 0 <= int(match.group(1)) < int(match.group(2)):
-        raise pytest.UsageError(f"--h3-shard={spec!r}: expected I/N with 0 <= I < N, e.g. 0/4")
+        raise pytest.UsageError(f"{SHARD}={spec!r}: expected I/N with 0 <= I < N, e.g. 0/4")
     return int(match.group(1)), int(match.group(2))
 
 

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from h3gate.profiles import Outcome
+from h3gate.evidence.profiles import Outcome
 
 _RANK = {"passed": 0, "not_claimed": 1, "skipped": 1, "failed": 2, "error": 3}
 

@@ -17,11 +17,11 @@ import pytest
 
 from h3gate import gates as registry
 from h3gate import quiet
-from h3gate.profiles import described
-from pytest_h3 import distribution, settings
+from pytest_h3 import distribution, options
 from pytest_h3.ledger import gate_of
-from pytest_h3.session import H3Session, SESSION_KEY
-from pytest_h3.settings import PROFILES
+from pytest_h3.options import DEVICE, FREEZE, FREEZE_FORCE, VARIANTS, WORKERS_PER_GPU
+from pytest_h3.session import SESSION_KEY, H3Session
+from pytest_h3.settings import Settings, validate
 
 MARKER_HELP = (
     f"h3_gate(kind, **params): a qualification gate of kind {', '.join(registry.kinds())}; list params "
@@ -30,102 +30,7 @@ MARKER_HELP = (
 
 
 def pytest_addoption(parser):
-    group = parser.getgroup("h3", "pytest-h3: qualification of MiniMax-H3 kernel candidates")
-    group.addoption(
-        "--h3-model",
-        default="tiny",
-        help="model to qualify on: 'tiny' (embedded, CPU-sized), 'edge' (embedded: tiny at the kernels' edges, for the "
-        "model and block gates), 'small' (embedded, benchmark-sized), 'release' (the "
-        "release-size transformer with random weights, built on a CUDA GPU; H3GATE_LAYERS=N builds its first N blocks "
-        "as the partial model release-layers<N>) or the path of a local diffusers MiniMax-H3 checkpoint folder "
-        "(default: tiny)",
-    )
-    group.addoption(
-        "--h3-candidate",
-        default="h3_triton",
-        help="candidate to qualify, from the h3gate.candidates entry points: 'h3_triton' (default), 'provider' "
-        "(the self-check) or any installed one; options as name:key=value,key=value",
-    )
-    group.addoption(
-        "--h3-device",
-        default="auto",
-        help="device to run on: 'cpu', 'cuda', 'cuda:N' or 'auto' (cuda when a GPU is visible, else cpu; on cpu the "
-        "Triton kernels run under TRITON_INTERPRET=1)",
-    )
-    group.addoption("--h3-out", default="h3-out", help="folder for results, artifacts and evidence (default: h3-out)")
-    group.addoption(
-        "--h3-thresholds",
-        default=None,
-        help="folder of frozen bounds and contracts with its LOCK.json (default: <rootdir>/thresholds)",
-    )
-    group.addoption(
-        "--h3-freeze",
-        action="store_true",
-        help="freeze bounds instead of checking a candidate: run the provider variants only (never the candidate) "
-        "and write bounds under --h3-thresholds; refuses under xdist and refuses to overwrite existing bounds",
-    )
-    group.addoption(
-        "--h3-freeze-force",
-        metavar="REASON",
-        default=None,
-        help="with --h3-freeze: overwrite existing bounds; REASON is recorded in the bounds file",
-    )
-    group.addoption(
-        "--h3-variants",
-        default=None,
-        help="with --h3-freeze: comma-separated provider variants to calibrate from (default: every variant of the "
-        "device; 'h3gate variants' lists them)",
-    )
-    group.addoption(
-        "--h3-verify-last-step",
-        action="store_true",
-        help="generation gate: on resume, recompute the last saved step and require it bitwise equal (catches a "
-        "non-deterministic candidate)",
-    )
-    group.addoption(
-        "--h3-skip-model-gate",
-        metavar="REASON",
-        default=None,
-        help="generation gate: run without a passed model gate for this candidate; REASON is recorded in the "
-        "results and the evidence",
-    )
-    group.addoption(
-        "--h3-kernel-examples",
-        type=int,
-        default=8,
-        help="kernel gate: shapes hypothesis draws per op and dtype (default: 8; failures are shrunk to a minimal shape)",
-    )
-    group.addoption("--h3-model-seed", type=int, default=0, help="weight seed of an embedded model (default: 0)")
-    group.addoption(
-        "--h3-sign-key",
-        metavar="PEM",
-        default=None,
-        help="Ed25519 private key (PEM file) that signs the evidence; without it the key comes from the "
-        "H3GATE_SIGN_KEY environment variable (PEM text), and without that the evidence is written UNSIGNED "
-        "(h3gate keygen DIR makes a key pair)",
-    )
-    group.addoption(
-        "--h3-profile",
-        default="ci",
-        choices=PROFILES,
-        help="completeness profile of the evidence: the gates a run must contain to be PASSED rather than "
-        f"INCOMPLETE ({described()}; default: ci)",
-    )
-    group.addoption(
-        "--h3-workers-per-gpu",
-        type=int,
-        default=1,
-        metavar="K",
-        help="with xdist: K workers share each GPU (-n auto starts K per GPU); worth it for the kernel gate, "
-        "whose time goes to compiling kernels on the host (default: 1)",
-    )
-    group.addoption(
-        "--h3-shard",
-        metavar="I/N",
-        default=None,
-        help="run the I-th of N deterministic shares of the gate items (e.g. one per Slurm array task); join "
-        "the shards' evidence with 'h3gate merge'",
-    )
+    options.add_options(parser)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -136,10 +41,10 @@ def pytest_load_initial_conftests(early_config, parser, args):
     included, and diffusers imports triton: conftest files importing the engine would freeze it
     uninterpreted. This hook runs before any conftest is loaded.
     """
-    option = early_config.known_args_namespace.h3_device
-    per_gpu = early_config.known_args_namespace.h3_workers_per_gpu
+    option = getattr(early_config.known_args_namespace, options.dest(DEVICE))
+    per_gpu = getattr(early_config.known_args_namespace, options.dest(WORKERS_PER_GPU))
     if per_gpu < 1:
-        raise pytest.UsageError(f"--h3-workers-per-gpu={per_gpu}: give at least 1")
+        raise pytest.UsageError(f"{WORKERS_PER_GPU}={per_gpu}: give at least 1")
     distribution.check_device_option(option)
     distribution.prepare(option, per_gpu)
     if distribution.cpu_run(option) and "TRITON_INTERPRET" not in os.environ and "triton" not in sys.modules:
@@ -151,16 +56,17 @@ def pytest_configure(config):
     config.addinivalue_line("markers", MARKER_HELP)
     for line in quiet.pytest_filters():
         config.addinivalue_line("filterwarnings", line)
-    if config.getoption("--h3-freeze"):
+    settings = Settings.read(config)
+    if settings.freeze:
         if getattr(config, "workerinput", None) is not None or _xdist_workers(config):
             raise pytest.UsageError(
-                "--h3-freeze refuses to run under xdist: freezing writes one bounds file and its lock; run it without -n"
+                f"{FREEZE} refuses to run under xdist: freezing writes one bounds file and its lock; run it without -n"
             )
-    elif config.getoption("--h3-freeze-force") or config.getoption("--h3-variants"):
-        raise pytest.UsageError("--h3-freeze-force and --h3-variants only apply together with --h3-freeze")
-    h3 = config.stash[SESSION_KEY] = H3Session(config)
+    elif settings.freeze_force or settings.variants:
+        raise pytest.UsageError(f"{FREEZE_FORCE} and {VARIANTS} only apply together with {FREEZE}")
+    h3 = config.stash[SESSION_KEY] = H3Session(config, settings)
     if getattr(config, "workerinput", None) is None:  # the controller checks; its workers inherit good settings
-        h3.sign_key = settings.validate(config)
+        h3.sign_key = validate(settings, getattr(config.option, "numprocesses", None))
     config.pluginmanager.register(h3.ledger, f"h3-ledger-{id(config)}")
 
 
@@ -192,7 +98,7 @@ def pytest_itemcollected(item):
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(session, config, items):
     h3 = config.stash[SESSION_KEY]
-    spec = config.getoption("--h3-shard")
+    spec = h3.settings.shard
     if spec:
         kept, dropped = distribution.shard(items, spec)
         items[:] = kept
@@ -236,7 +142,7 @@ def pytest_runtest_makereport(item, call):
     report = yield
     gate = gate_of(item)
     if gate is not None:
-        from pytest_h3.gates import NOT_CLAIMED
+        from pytest_h3.gate_runner import NOT_CLAIMED
 
         if report.when == "call" and NOT_CLAIMED in item.stash:
             gate = {**gate, "not_claimed": True}
@@ -254,8 +160,8 @@ def _record_unrun(item, kind: str, report) -> None:
         return
     if report.when == "setup" and report.passed:
         return
-    from h3gate import gate_passes
-    from pytest_h3.gates import record
+    from h3gate.gates import passes
+    from pytest_h3.gate_runner import record
 
     lines = [line for line in report.longreprtext.strip().splitlines() if line.strip()]
     if report.passed:
@@ -264,7 +170,7 @@ def _record_unrun(item, kind: str, report) -> None:
         what = "skipped" if report.skipped else ("setup error" if report.when == "setup" else report.outcome)
         reason = f"{what}: {lines[-1].strip()}" if lines else what
     try:
-        record(h3, kind, item.nodeid, gate_passes.DID_NOT_RUN, reason)
+        record(h3, kind, item.nodeid, passes.DID_NOT_RUN, reason)
     except Exception as error:  # never turn a report into a crash of the run
         h3.summary.append(f"could not record the {kind} gate's outcome for {item.nodeid}: {error}")
 
@@ -280,14 +186,14 @@ def pytest_report_header(config):
         status = h3.thresholds_status()
     except Exception as error:  # a header never stops a run; the gates say what is wrong
         return f"h3 thresholds: unknown ({type(error).__name__}: {error})"
-    hint = "" if status.ok else f" (h3gate status --model {config.getoption('--h3-model')} --device {h3.device} " \
+    hint = "" if status.ok else f" (h3gate status --model {h3.settings.model} --device {h3.device} " \
         f"--thresholds {h3.thresholds} lists them, with the commands that make them)"
     return f"h3 thresholds: {status.line()}{hint}"
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_auto_num_workers(config):
-    return distribution.auto_workers(config.getoption("--h3-device"), config.getoption("--h3-workers-per-gpu"))
+    return distribution.auto_workers(config.getoption(DEVICE), config.getoption(WORKERS_PER_GPU))  # before configure
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
@@ -368,18 +274,19 @@ def h3_generation(request, h3_session):
     artifacts, identity in its run folder). Reused from the gate's run store under --h3-out when finished, resumed
     bit-exactly when partly saved, generated otherwise; its artifacts enter the result and the evidence of the
     test's ``h3_threshold`` check."""
-    from h3gate import generation_contract, numerics
+    from h3gate import numerics
     from h3gate.gates import generation
     from h3gate.gates.threshold import CANDIDATE
-    from h3gate.generation_contract import SUFFIX
-    from pytest_h3.gates import failing_in_one_line
+    from h3gate.generation import contract as generation_contract
+    from h3gate.generation.contract import SUFFIX
+    from pytest_h3.gate_runner import failing_in_one_line
     from pytest_h3.progress import Terminal
 
     made = request.node.stash.setdefault(GENERATIONS, [])
 
     def generate(seed: int, role: str = CANDIDATE, *, contract: str = "generation", workflow: str | None = None):
         if role == CANDIDATE and h3_session.freezing:
-            raise pytest.UsageError("h3_generation: the candidate does not run under --h3-freeze (freezing measures "
+            raise pytest.UsageError(f"h3_generation: the candidate does not run under {FREEZE} (freezing measures "
                                     "the provider and its variants only)")
         with failing_in_one_line():
             loaded = generation_contract.load(h3_session.thresholds / h3_session.model_name / f"{contract}{SUFFIX}")
@@ -433,7 +340,7 @@ def h3_bounds(request, h3_session, record_property):
             raise pytest.UsageError(f"h3_bounds: unknown gate {gate!r}; gates: {', '.join(registry.kinds())}")
         options = {key: value for key, value in params.items() if key not in list_params}
         items = {key: value for key, value in params.items() if key in list_params}
-        from pytest_h3.gates import failing_in_one_line
+        from pytest_h3.gate_runner import failing_in_one_line
 
         with failing_in_one_line():
             return h3_session.gate(gate, items, options, request.node, record_property).bounds()

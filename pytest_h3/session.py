@@ -2,35 +2,37 @@
 
 Heavy things (the model, the candidate) are built on first use, once per process, so collecting or
 deselecting gates costs nothing. Each gate item becomes a :class:`h3gate.verdict.GateResult`; the session
-keeps them and writes ``results.json`` under ``--h3-out`` when it ends.
+keeps them and writes ``results.json`` under the output folder when it ends. The options come read and checked in
+one :class:`pytest_h3.settings.Settings`.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from pathlib import Path
 
 import pytest
 
-from h3gate.files import WriteError, write_json
 from h3gate import gates as registry
-from h3gate.verdict import Check, GateResult
+from h3gate.files import WriteError, write_json
+from h3gate.verdict import Check, GateResult, Provenance
 from pytest_h3 import distribution
 from pytest_h3.ledger import Ledger
+from pytest_h3.options import CANDIDATE, MODEL, OUT, THRESHOLDS
+from pytest_h3.settings import Settings
 
 SESSION_KEY = pytest.StashKey["H3Session"]()
 LARGE_FILE = 1 << 26  # bytes from which the header's status uses the digest cache
 
 
 class H3Session:
-    def __init__(self, config):
+    def __init__(self, config, settings: Settings):
         self.config = config
-        self.freezing = bool(config.getoption("--h3-freeze"))
+        self.settings = settings
+        self.freezing = settings.freeze
         self._device = None
-        self.out = Path(config.getoption("--h3-out"))
-        thresholds = config.getoption("--h3-thresholds")
-        self.thresholds = Path(thresholds) if thresholds else Path(config.rootpath) / "thresholds"
+        self.out = settings.out
+        self.thresholds = settings.thresholds
         self.ledger = Ledger()
         self.frozen_here: set = set()  # bounds files this (freezing) session wrote
         self.gates_scheduled: dict[str, bool] = {}  # gate kind -> an item of it is among this session's items
@@ -48,33 +50,21 @@ class H3Session:
     def device(self) -> str:
         """``cpu``, ``cuda`` or ``cuda:N``, resolved on first use (torch is imported only where a GPU may be)."""
         if self._device is None:
-            self._device = self.resolve_device(self.config.getoption("--h3-device"))
+            self._device = distribution.resolve_device(self.settings.device)
         return self._device
-
-    @staticmethod
-    def resolve_device(option: str) -> str:
-        distribution.check_device_option(option)
-        if distribution.cpu_run(option):
-            return "cpu"
-        import torch
-
-        if option == "auto":
-            return "cuda" if torch.cuda.is_available() else "cpu"
-        if not torch.cuda.is_available():
-            raise pytest.UsageError(f"--h3-device={option} but no CUDA device is visible; use --h3-device=cpu")
-        return option
 
     # Lazily built shared objects ------------------------------------------------------------------------
 
     @property
     def model(self):
         if self._model is None:
-            from h3gate.model import ModelError, load_model
+            from h3gate.model.factory import load_model
+            from h3gate.model.identity import ModelError
 
             try:
-                self._model = load_model(self.config.getoption("--h3-model"), self.config.getoption("--h3-model-seed"))
+                self._model = load_model(self.settings.model, self.settings.model_seed)
             except ModelError as error:
-                raise pytest.UsageError(f"--h3-model: {error}") from None
+                raise pytest.UsageError(f"{MODEL}: {error}") from None
         return self._model
 
     @property
@@ -84,25 +74,25 @@ class H3Session:
     @property
     def model_name(self) -> str:
         """The model's name (its thresholds folder) without building the model."""
-        from h3gate.status import model_name
+        from h3gate.model.spec import model_name
 
-        return self._model.name if self._model is not None else model_name(self.config.getoption("--h3-model"))
+        return self._model.name if self._model is not None else model_name(self.settings.model)
 
     def model_ref(self):
-        """The model as verdict records name it (:mod:`h3gate.gate_passes`): its source, and its identity once built."""
-        from h3gate.gate_passes import ModelRef
-        from h3gate.status import model_source
+        """The model as verdict records name it (:mod:`h3gate.gates.passes`): its source, and its identity once built."""
+        from h3gate.gates.passes import ModelRef
+        from h3gate.model.spec import model_source
 
         if self._model is not None:
             return ModelRef(self._model.source, self._model.identity)
-        return ModelRef(model_source(self.config.getoption("--h3-model"), self.config.getoption("--h3-model-seed")))
+        return ModelRef(model_source(self.settings.model, self.settings.model_seed))
 
     def missing_thresholds(self) -> str:
         """Why the thresholds folder is not there, and how to point at the right one: without --h3-thresholds it is
         ``<rootdir>/thresholds``, and pytest's rootdir is the folder of its configuration file, else of the paths
         given, so a run from a subfolder of a repository without one looks in the subfolder."""
-        if self.config.getoption("--h3-thresholds"):
-            return f"{self.thresholds} does not exist (--h3-thresholds)"
+        if self.settings.thresholds_option:
+            return f"{self.thresholds} does not exist ({THRESHOLDS})"
         config, root = self.config.inipath, self.config.rootpath
         why = (f"the folder of pytest's configuration {config}" if config else
                "the folder of the paths given, as pytest found no configuration file")
@@ -114,32 +104,32 @@ class H3Session:
         """What comes after a freeze: the command of the next file the checked gates still miss, else the command
         that checks a candidate with them (:func:`h3gate.status.check_command`)."""
         from h3gate import status, suite
-        from h3gate.profiles import profile
+        from h3gate.evidence.profiles import profile
 
-        option = self.config.getoption
+        settings = self.settings
         gates = {requirement.gate for requirement in profile(status.CHECKED_PROFILE).requirements}
-        report = status.status(self.thresholds, option("--h3-model"), self.device, gates=gates,
-                               shown=option("--h3-thresholds"))
+        report = status.status(self.thresholds, settings.model, self.device, gates=gates,
+                               shown=settings.thresholds_option)
         todo = [row for row in report.rows if row.state != status.PRESENT]
         if todo:
             return f"next, {todo[0].file} ({len(todo)} file(s) to go; h3gate status lists them): {todo[0].command}"
-        command = status.check_command(suite.recorded(self.thresholds), option("--h3-model"),
-                                       status.device_option(report.device_class), option("--h3-thresholds"))
+        command = status.check_command(suite.recorded(self.thresholds), settings.model,
+                                       status.device_option(report.device_class), settings.thresholds_option)
         return f"every file the {', '.join(sorted(gates))} gates read is frozen and locked; next, check a candidate: {command}"
 
     def thresholds_status(self):
         """The state of the frozen files that the gates of the session's completeness profile read, for its model on
         its device (:mod:`h3gate.status`); large files (release-size captures) are hashed once per size and mtime,
         the lock check at session start hashes all."""
+        from h3gate.evidence.profiles import profile
         from h3gate.files import file_digest, sha256_file
-        from h3gate.profiles import profile
         from h3gate.status import status
 
         def digest(path):
             return file_digest(path) if path.stat().st_size > LARGE_FILE else sha256_file(path)
 
-        gates = {requirement.gate for requirement in profile(self.config.getoption("--h3-profile")).requirements}
-        return status(self.thresholds, self.config.getoption("--h3-model"), self.device, digest=digest, gates=gates)
+        gates = {requirement.gate for requirement in profile(self.settings.profile).requirements}
+        return status(self.thresholds, self.settings.model, self.device, digest=digest, gates=gates)
 
     @property
     def candidate(self):
@@ -147,19 +137,19 @@ class H3Session:
             from h3gate.candidates import CandidateError, load
 
             try:
-                self._candidate = load(self.config.getoption("--h3-candidate"))
+                self._candidate = load(self.settings.candidate)
             except CandidateError as error:
-                raise pytest.UsageError(f"--h3-candidate: {error}") from None
+                raise pytest.UsageError(f"{CANDIDATE}: {error}") from None
         return self._candidate
 
     def model_config(self) -> dict:
         """The transformer config without loading weights (collection-time checks)."""
-        from h3gate.status import transformer_config
+        from h3gate.model.spec import transformer_config
 
         try:
-            return transformer_config(self.config.getoption("--h3-model"))
+            return transformer_config(self.settings.model)
         except ValueError as error:
-            raise pytest.UsageError(f"--h3-model: {error}") from None
+            raise pytest.UsageError(f"{MODEL}: {error}") from None
 
     # Collection -----------------------------------------------------------------------------------------
 
@@ -205,14 +195,14 @@ class H3Session:
         self.refused = False
 
     def _start(self) -> None:
-        import pytest_h3.gates  # noqa: F401  the engine (torch, diffusers), which every gate item needs: paid here,
-        import pytest_h3.report  # noqa: F401  once, not by the first item
+        import pytest_h3.gate_runner  # noqa: F401  the engine (torch, diffusers), which every gate item needs: paid here,
+        import pytest_h3.session_evidence  # noqa: F401  once, not by the first item
         self.share_host_threads()
         self.verify_thresholds()
         if not self.freezing:
             self.candidate
             if getattr(self.config, "workerinput", None) is None:  # the controller writes the evidence
-                from pytest_h3.report import check_joinable
+                from pytest_h3.session_evidence import check_joinable
 
                 check_joinable(self)
 
@@ -251,15 +241,15 @@ class H3Session:
             self.summary.append(self.next_after_freezing())
         if self.freezing or self.refused or all(outcome.outcome == "deselected" for outcome in outcomes.values()):
             return True  # nothing to add: no gate item ran
-        from h3gate.gate_passes import one_line
-        from pytest_h3.report import write_session_evidence
+        from h3gate.gates.passes import one_line
+        from pytest_h3.session_evidence import write_session_evidence
 
         results_path = self.out / "results.json"
         try:
             write_json(results_path, {"schema": "h3gate.results/1", "results": self.ledger.results})
         except WriteError as error:  # --h3-out looked writable at the start (os.access) but was not, or no longer
             self.summary.append(f"results NOT written, so neither is the evidence: {error.strerror}, or give "
-                                "--h3-out a folder that can be written")
+                                f"{OUT} a folder that can be written")
             return False
         self.summary.append(f"results: {results_path}")
         try:
@@ -290,10 +280,10 @@ class GateItem:
         self.artifacts = artifacts  # () -> {name: {"path", "sha256"}} the test made (generations of h3_generation)
 
     def run(self) -> GateResult:
-        from pytest_h3 import gates
-        from pytest_h3.report import device_facts
+        from pytest_h3 import gate_runner
+        from pytest_h3.session_evidence import device_facts
 
-        result = gates.run(self)
+        result = gate_runner.run(self)
         made = self.artifacts()
         if made:
             result.context.setdefault("artifacts", {}).update(made)
@@ -307,30 +297,28 @@ class GateItem:
         self.record_property("h3_summary", result.summary())
         if result.checks:
             self.record_property("h3_worst_ratio", round(max(c.ratio for c in result.checks), 6))
-        if result.context.get("bounds_sha256"):
-            self.record_property("h3_bounds_sha256", result.context["bounds_sha256"])
+        if result.provenance.bounds_sha256:
+            self.record_property("h3_bounds_sha256", result.provenance.bounds_sha256)
         return result
 
     def gate_run(self):
         """This item as the gate protocol sees it (:class:`h3gate.gates.GateRun`)."""
         from h3gate.gates import GateRun
 
-        session, option = self.session, self.session.config.getoption
-        variants = option("--h3-variants")
+        session, settings = self.session, self.session.settings
         return GateRun(
             session.model_name, lambda: session.model, session.device, session.thresholds, session.out,
             candidate=None if session.freezing else session.candidate, params=self.params, options=self.options,
-            variant_names=variants.split(",") if variants else None, force_reason=option("--h3-freeze-force"),
-            kernel_examples=option("--h3-kernel-examples"), verify_last_step=option("--h3-verify-last-step"),
-            required_override=option("--h3-skip-model-gate"), progress=self.progress, stream=self.progress_stream(),
-            model_spec=option("--h3-model"),
+            variant_names=settings.variant_names, force_reason=settings.freeze_force,
+            kernel_examples=settings.kernel_examples, verify_last_step=settings.verify_last_step,
+            required_override=settings.skip_model_gate, progress=self.progress, stream=self.progress_stream(),
+            model_spec=settings.model,
         )
 
     def bounds(self):
         """The frozen bounds this item checks against (what ``h3_bounds`` returns); missing or unusable bounds are a
         :class:`h3gate.bounds.BoundsError` ending in the command that freezes them."""
-        from h3gate import bounds as bounds_mod
-        from h3gate import gates as registry
+        from h3gate import bounds as bounds_mod, gates as registry
 
         module = registry.REGISTRY[self.kind].module
         gate_run = self.gate_run()
@@ -346,17 +334,18 @@ class GateItem:
         """The pytest arguments that select the gate-suite item freezing ``path`` (:mod:`h3gate.suite`); this test's
         own node id where the file is its own (a team's threshold)."""
         from h3gate import status, suite
+        from h3gate.model.spec import num_layers
 
         thresholds = self.session.thresholds
         item = status.freezing_item(path.relative_to(thresholds).as_posix(), self.session.model_name,
-                                    path.parent.name, status.num_layers(self.session.config.getoption("--h3-model")))
+                                    path.parent.name, num_layers(self.session.settings.model))
         return [self.node.nodeid] if item is None else suite.targets(suite.recorded(thresholds), item)
 
     def freeze_command(self, targets: list[str]) -> str:
-        from h3gate.status import freeze_command
+        from h3gate.commands import freeze_command
 
-        option = self.session.config.getoption
-        return freeze_command(targets, option("--h3-model"), option("--h3-device"), option("--h3-thresholds"))
+        settings = self.session.settings
+        return freeze_command(targets, settings.model, settings.device, settings.thresholds_option)
 
     def missing_bounds(self, error: Exception) -> GateResult:
         """Missing or unusable bounds fail the gate and say exactly how to freeze them (or where the thresholds folder
@@ -373,7 +362,8 @@ class GateItem:
             "reason": f"froze {len(frozen.bounds)} bounds into {frozen.path} from {', '.join(frozen.sources)}",
             "non_discriminating": frozen.non_discriminating,
         }
-        return GateResult(self.kind, self.params, [Check("bounds", "frozen", 0.0, 0.0, True, detail)], {"bounds_file": str(frozen.path)})
+        return GateResult(self.kind, self.params, [Check("bounds", "frozen", 0.0, 0.0, True, detail)],
+                          provenance=Provenance(bounds_file=str(frozen.path)))
 
     def progress_stream(self):
         """A text stream to the terminal past pytest's capture, for tqdm bars the engine draws itself."""

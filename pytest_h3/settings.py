@@ -1,5 +1,6 @@
-"""Every pytest-h3 setting checked when the session starts, before any item runs: a typo in a setting must not cost
-a whole run of gates and leave no evidence. Each failure is one line naming the option and the fix, raised as
+"""The session's settings: every pytest-h3 option read once, at configure time, into one :class:`Settings`, and checked
+once (by the controller; its xdist workers inherit good settings) before any item runs: a typo in a setting must not
+cost a whole run of gates and leave no evidence. Each failure is one line naming the option and the fix, raised as
 pytest's usage error (exit code 4). The checks import nothing heavy: torch only to count the GPUs of a GPU run
 under xdist that leaves CUDA_VISIBLE_DEVICES unset or to list the provider variants of a freezing session that names
 some (which imports the engine anyway), and cryptography only to read a signing key that was given.
@@ -8,13 +9,81 @@ some (which imports the engine anyway), and cryptography only to read a signing 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from h3gate.profiles import PROFILES as _PROFILES
+from pytest_h3 import distribution
+from pytest_h3.options import (
+    CANDIDATE,
+    DEVICE,
+    FREEZE,
+    FREEZE_FORCE,
+    KERNEL_EXAMPLES,
+    MODEL,
+    MODEL_SEED,
+    OUT,
+    PROFILE,
+    SHARD,
+    SIGN_KEY,
+    SKIP_MODEL_GATE,
+    THRESHOLDS,
+    VARIANTS,
+    VERIFY_LAST_STEP,
+    WORKERS_PER_GPU,
+)
 
-PROFILES = tuple(_PROFILES)  # h3gate.profiles imports nothing heavy
+
+@dataclass(frozen=True)
+class Settings:
+    """The options as given (a spec, not yet a built model or candidate), plus the thresholds folder they name."""
+
+    model: str
+    model_seed: int
+    candidate: str
+    device: str  # the option: cpu, cuda, cuda:N or auto (the session resolves it on first use)
+    out: Path
+    thresholds_option: str | None  # as given: the commands the plugin prints repeat it so
+    thresholds: Path  # the folder: the option's, else <rootdir>/thresholds
+    freeze: bool
+    freeze_force: str | None
+    variants: str | None  # comma-separated provider variants, as given
+    verify_last_step: bool
+    skip_model_gate: str | None
+    kernel_examples: int
+    sign_key: str | None  # a PEM file's path
+    profile: str
+    workers_per_gpu: int
+    shard: str | None
+
+    @classmethod
+    def read(cls, config) -> Settings:
+        option = config.getoption
+        thresholds = option(THRESHOLDS)
+        return cls(
+            model=option(MODEL),
+            model_seed=option(MODEL_SEED),
+            candidate=option(CANDIDATE),
+            device=option(DEVICE),
+            out=Path(option(OUT)),
+            thresholds_option=thresholds,
+            thresholds=Path(thresholds) if thresholds else Path(config.rootpath) / "thresholds",
+            freeze=bool(option(FREEZE)),
+            freeze_force=option(FREEZE_FORCE),
+            variants=option(VARIANTS),
+            verify_last_step=option(VERIFY_LAST_STEP),
+            skip_model_gate=option(SKIP_MODEL_GATE),
+            kernel_examples=option(KERNEL_EXAMPLES),
+            sign_key=option(SIGN_KEY),
+            profile=option(PROFILE),
+            workers_per_gpu=option(WORKERS_PER_GPU),
+            shard=option(SHARD),
+        )
+
+    @property
+    def variant_names(self) -> list[str] | None:
+        return self.variants.split(",") if self.variants else None
 
 
 def _writable_folder(path: Path) -> str | None:
@@ -29,48 +98,42 @@ def _writable_folder(path: Path) -> str | None:
     return None
 
 
-def validate(config):
-    """Check the session's settings; returns the signing key (or None: the evidence will be unsigned)."""
-    out = Path(config.getoption("--h3-out"))
-    problem = _writable_folder(out)
+def validate(settings: Settings, workers) -> object:
+    """Check the session's settings (``workers``: xdist's ``-n``); returns the signing key (or None: the evidence will
+    be unsigned)."""
+    problem = _writable_folder(settings.out)
     if problem:
-        raise pytest.UsageError(f"--h3-out={out} {problem}: give a folder the results and evidence can be written to")
-    thresholds = config.getoption("--h3-thresholds")
-    if thresholds is not None and not Path(thresholds).is_dir():
-        raise pytest.UsageError(f"--h3-thresholds={thresholds} is not a folder: give the folder holding LOCK.json "
-                                "(default: <rootdir>/thresholds)")
-    _check_model(config.getoption("--h3-model"))
-    _check_candidate(config.getoption("--h3-candidate"))
-    from pytest_h3.distribution import check_workers, parse_shard
-
-    shard = config.getoption("--h3-shard")
-    if shard:
-        parse_shard(shard)
-    check_workers(config.getoption("--h3-device"), config.getoption("--h3-workers-per-gpu"),
-                  getattr(config.option, "numprocesses", None))
-    examples = config.getoption("--h3-kernel-examples")
-    if examples < 1:
-        raise pytest.UsageError(f"--h3-kernel-examples={examples}: give at least 1 (default: 8)")
-    variants = config.getoption("--h3-variants")
-    if variants:
-        _check_variants(variants, config.getoption("--h3-device"))
-    return _signing_key(config.getoption("--h3-sign-key"))
+        raise pytest.UsageError(f"{OUT}={settings.out} {problem}: give a folder the results and evidence can be "
+                                "written to")
+    if settings.thresholds_option is not None and not Path(settings.thresholds_option).is_dir():
+        raise pytest.UsageError(f"{THRESHOLDS}={settings.thresholds_option} is not a folder: give the folder holding "
+                                "LOCK.json (default: <rootdir>/thresholds)")
+    _check_model(settings.model)
+    _check_candidate(settings.candidate)
+    if settings.shard:
+        distribution.parse_shard(settings.shard)
+    distribution.check_workers(settings.device, settings.workers_per_gpu, workers)
+    if settings.kernel_examples < 1:
+        raise pytest.UsageError(f"{KERNEL_EXAMPLES}={settings.kernel_examples}: give at least 1 (default: 8)")
+    if settings.variants:
+        _check_variants(settings.variants, settings.device)
+    return _signing_key(settings.sign_key)
 
 
 def _check_model(spec: str) -> None:
     """An embedded model's name or a folder holding a transformer config; its weights are checked when the model
     loads (a folder without even a config would otherwise fail the first item, leaving empty results behind)."""
-    from h3gate.presets import PRESETS, RELEASE
-    from h3gate.status import not_a_checkpoint
+    from h3gate.model.presets import PRESETS, RELEASE
+    from h3gate.model.spec import not_a_checkpoint
 
     if spec in (*PRESETS, RELEASE):
         return
     if not Path(spec).is_dir():
-        raise pytest.UsageError(f"--h3-model={spec} is neither an embedded model ({', '.join((*PRESETS, RELEASE))}) "
+        raise pytest.UsageError(f"{MODEL}={spec} is neither an embedded model ({', '.join((*PRESETS, RELEASE))}) "
                                 "nor a checkpoint folder: give one of those, or the folder's path")
     problem = not_a_checkpoint(Path(spec))
     if problem:
-        raise pytest.UsageError(f"--h3-model={problem}")
+        raise pytest.UsageError(f"{MODEL}={problem}")
 
 
 def _check_candidate(spec: str) -> None:
@@ -82,40 +145,39 @@ def _check_candidate(spec: str) -> None:
     try:
         name, options = parse_spec(spec)
     except CandidateError as error:
-        raise pytest.UsageError(f"--h3-candidate={spec}: {error}") from None
+        raise pytest.UsageError(f"{CANDIDATE}={spec}: {error}") from None
     names = available()
     if name not in names:
-        raise pytest.UsageError(f"--h3-candidate={spec}: no candidate {name!r} is installed; installed: "
+        raise pytest.UsageError(f"{CANDIDATE}={spec}: no candidate {name!r} is installed; installed: "
                                 f"{', '.join(sorted(names))} (`h3gate candidates` lists them)")
     if options:
         try:
             load(spec)
         except CandidateError as error:
-            raise pytest.UsageError(f"--h3-candidate={spec}: {error}") from None
+            raise pytest.UsageError(f"{CANDIDATE}={spec}: {error}") from None
 
 
 def _check_variants(spec: str, device_option: str) -> None:
     """Each name must be a provider variant of the device the gates run on: otherwise every freeze item fails on it.
     Golden and the provider are no variants: calibrating from them would measure no spread of legitimate arithmetic."""
     from h3gate import numerics
-    from pytest_h3.session import H3Session
 
-    device = H3Session.resolve_device(device_option)
+    device = distribution.resolve_device(device_option)
     valid = [mode.name for mode in numerics.variants(device)]
     unknown = [name for name in spec.split(",") if name not in valid]
     if unknown:
-        raise pytest.UsageError(f"--h3-variants={spec}: {', '.join(map(repr, unknown))} not among the provider "
+        raise pytest.UsageError(f"{VARIANTS}={spec}: {', '.join(map(repr, unknown))} not among the provider "
                                 f"variants on {numerics.device_type(device)}; give a comma-separated list of "
                                 f"{', '.join(valid)} (`h3gate variants` lists them)")
 
 
 def _signing_key(path):
-    if path is None and not os.environ.get("H3GATE_SIGN_KEY"):  # h3gate.signing.KEY_ENV, read without cryptography
+    if path is None and not os.environ.get("H3GATE_SIGN_KEY"):  # h3gate.evidence.signing.KEY_ENV, read without cryptography
         return None
-    from h3gate.signing import KEY_ENV, SigningKeyError, load_private_key
+    from h3gate.evidence.signing import KEY_ENV, SigningKeyError, load_private_key
 
     try:
         return load_private_key(path)
     except SigningKeyError as error:
-        option = f"--h3-sign-key={path}" if path is not None else KEY_ENV
+        option = f"{SIGN_KEY}={path}" if path is not None else KEY_ENV
         raise pytest.UsageError(f"{option}: {error}") from None

@@ -2,11 +2,11 @@
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
+from conftest import ROOT
 from h3gate import bench
 from h3gate.candidates import ProviderCandidate
 
@@ -50,7 +50,7 @@ def test_output_gradients_are_seeded_and_named():
 
 def test_profile_script_runs_its_small_path():
     """benchmarks/profile_op.py is what Nsight Compute runs on the GPU machine: its CPU path is the same code."""
-    script = Path(__file__).parents[1] / "benchmarks" / "profile_op.py"
+    script = ROOT / "benchmarks" / "profile_op.py"
     done = subprocess.run([sys.executable, str(script), "silu_linear", "--backward", "--provider", "--output-grad",
                            "ones", "--shape", "small", "--device", "cpu"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr

@@ -6,7 +6,7 @@ import torch
 from h3gate import block_program, numerics, taps
 from h3gate.block_program import BLOCK_TAP_POINTS, OP_GROUPS, PROVIDER_OPS, install
 from h3gate.compare import relative_l2
-from h3gate.contract import model_inputs
+from h3gate.model.contract import model_inputs
 
 
 def _run(transformer, inputs, upstream, internal=()):

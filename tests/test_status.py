@@ -12,9 +12,10 @@ import pytest
 
 from h3gate import status as status_mod
 from h3gate import suite as suite_mod
-from h3gate.checkpoint import load_checkpoint
 from h3gate.bounds import lock_files
 from h3gate.cli import main
+from h3gate.model import spec as model_spec
+from h3gate.model.checkpoint import load_checkpoint
 
 from conftest import ROOT, THRESHOLDS
 
@@ -165,14 +166,14 @@ def test_the_installed_command(tmp_path):
 
 
 def test_model_names_and_sources_without_building_the_model(tiny, tmp_path):
-    assert (status_mod.model_name("tiny"), status_mod.model_source("tiny")) == (tiny.name, tiny.source)
+    assert (model_spec.model_name("tiny"), model_spec.model_source("tiny")) == (tiny.name, tiny.source)
     tiny.transformer.save_pretrained(tmp_path / "ckpt" / "transformer")
-    name = status_mod.model_name(str(tmp_path / "ckpt"))  # the folder's name and 12 hex of its transformer
+    name = model_spec.model_name(str(tmp_path / "ckpt"))  # the folder's name and 12 hex of its transformer
     assert re.fullmatch(r"ckpt-[0-9a-f]{12}", name) and load_checkpoint(tmp_path / "ckpt").name == name
     (tmp_path / "other" / "transformer").mkdir(parents=True)
     config = {"_class_name": "MiniMaxH3Transformer3DModel", "num_layers": 3}
     (tmp_path / "other" / "transformer" / "config.json").write_text(json.dumps(config))
-    assert status_mod.num_layers(str(tmp_path / "other")) == 3
+    assert model_spec.num_layers(str(tmp_path / "other")) == 3
 
 
 # The plugin ----------------------------------------------------------------------------------------------
@@ -202,12 +203,12 @@ import pytest
 
 @pytest.fixture(autouse=True)
 def no_model_building(monkeypatch):
-    import h3gate.model
+    import h3gate.model.factory
 
     def refuse(*args, **kwargs):
         raise AssertionError("the model was built")
 
-    monkeypatch.setattr(h3gate.model, "build_preset", refuse)
+    monkeypatch.setattr(h3gate.model.factory, "build_preset", refuse)
 """
 
 

@@ -13,10 +13,10 @@ import torch
 
 from h3gate import numerics
 from h3gate.candidates import CandidateError, ProviderCandidate
-from h3gate.contract import load_model_contract, model_inputs
+from h3gate.candidates.mutants import MutantCandidate
 from h3gate.measure import errors_against, run_taps
-from h3gate.model import build_preset
-from h3gate.mutants import MutantCandidate
+from h3gate.model.contract import load_model_contract, model_inputs
+from h3gate.model.factory import build_preset
 from h3gate.streaming import stream_errors
 from conftest import ROOT, THRESHOLDS
 

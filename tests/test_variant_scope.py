@@ -8,10 +8,10 @@ add with atomics, so two runs compared bitwise must run under torch's determinis
 import torch
 
 from conftest import THRESHOLDS
-from h3gate import numerics, power, provider_ops
+from h3gate import numerics, op_registry
 from h3gate.candidates import ProgramCandidate
-from h3gate.contract import load_model_contract, model_inputs
-from h3gate.gates import kernel as kernel_gate
+from h3gate.gates import kernel as kernel_gate, power
+from h3gate.model.contract import load_model_contract, model_inputs
 
 
 def test_backends_of_half_precision_meet_only_what_they_take():
@@ -46,9 +46,9 @@ def test_the_kernel_gates_bitwise_comparison_runs_deterministically():
 
     def swiglu(h):
         seen.append(torch.are_deterministic_algorithms_enabled())
-        return provider_ops.OPS["swiglu"](h)
+        return op_registry.provider_ops()["swiglu"](h)
 
-    candidate = ProgramCandidate({**provider_ops.OPS, "swiglu": swiglu}, name="spy")
+    candidate = ProgramCandidate({**op_registry.provider_ops(), "swiglu": swiglu}, name="spy")
     result = kernel_gate.check(candidate, "swiglu", "cpu", dtypes=("bfloat16",), max_examples=2)
     assert result.passed, result.report()
     assert seen and all(seen), "the candidate's runs compared bitwise ran without deterministic algorithms"

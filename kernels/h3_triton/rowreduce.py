@@ -12,7 +12,9 @@ per table row per tile.
 
 Slots live in a ``(programs, table_rows, width)`` float32 buffer left uninitialised: each program clears its
 own row of flags on entry and loads a slot only once its flag says it was written. Between a program's
-store into a slot and its next load of it stands a CTA barrier, which orders global memory within a program.
+store into a slot and its next load of it stands a CTA barrier, which orders global memory within a program;
+another stands between every thread's read of a slot's flag and the store that marks it written, so that no
+warp sees the mark before its own part of the slot holds a value (it would add the buffer's garbage).
 
 Also here: the row tiling and the input checks.
 """
@@ -101,6 +103,8 @@ def flush_slot(acc, part_base, flag_base, j, width, cols, col_mask):
     if tl.load(flag_base + j) != 0:
         acc += tl.load(ptrs, mask=col_mask, other=0.0)
     tl.store(ptrs, acc, mask=col_mask)
+    # Every thread has read the flag before any marks the slot written.
+    tl.debug_barrier()
     tl.store(flag_base + j, 1)
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from h3gate import op_registry, provider_ops
+from h3gate import op_registry
 
 RELEASE = dict(seq=38222, heads=56, head_dim=128, hidden=5376, ffn=14336, time_embed=2688, rotary=96, table_rows=9)
 SMALL = dict(seq=467, heads=4, head_dim=64, hidden=256, ffn=512, time_embed=128, rotary=48, table_rows=9)
@@ -250,7 +250,7 @@ def bench_ops(candidate, shape: str, device: str, ops=None, progress=print, grad
             continue
         progress(case.label)
         inputs = case.make()
-        provider = provider_ops.OPS[case.op]
+        provider = op_registry.provider_ops()[case.op]
         variants = [None] + (list(SDPA_VARIANTS) if case.op == "attention" and device.startswith("cuda") else [])
         row = {"op": case.op, "label": case.label, "unit": "TFLOP/s" if case.unit == "flop" else "GB/s"}
         unit = case.unit
@@ -296,7 +296,7 @@ RELEASE_CONTRACT = dict(text_tokens=512, latent_frames=37, latent_height=48, lat
 
 def random_transformer(shape: str, layers: int, device: str):
     """A transformer of ``shape`` with random weights at checkpoint precision, built directly on ``device``."""
-    from h3gate.model import build_preset, keeps_fp32
+    from h3gate.model.factory import build_preset, keeps_fp32
 
     if shape == "small":
         transformer = build_preset("small").transformer
@@ -326,14 +326,14 @@ def random_transformer(shape: str, layers: int, device: str):
 
 def contract(shape: str):
     """The model contract whose packed sequence is the bench shape's (38,222 rows at release, 467 small)."""
-    from h3gate.contract import ModelContract
+    from h3gate.model.contract import ModelContract
 
     geometry = RELEASE_CONTRACT if shape == "release" else dict(text_tokens=15, latent_frames=37, latent_height=2, latent_width=2, audio_latents=207)
     return ModelContract(seed=0, keyframes=(), video_timestep=0.5, audio_timestep=0.7, **geometry)
 
 
 def _contract_inputs(shape: str, config: dict, device: str):
-    from h3gate.contract import model_inputs
+    from h3gate.model.contract import model_inputs
 
     inputs, _ = model_inputs(contract(shape), config)
     return {k: v.to(device) for k, v in inputs.items()}
@@ -429,7 +429,7 @@ def bench_step(candidate, shape: str, device: str, layers: int, progress=print) 
 
 
 def machine() -> dict:
-    from h3gate import environment
+    from h3gate.evidence import environment
 
     facts = environment.collect()
     return {k: facts[k] for k in ("python", "torch", "cuda", "driver", "triton", "diffusers", "gpus")}

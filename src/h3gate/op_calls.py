@@ -21,9 +21,9 @@ from pathlib import Path
 import torch
 
 from h3gate import op_registry
-from h3gate.contract import ModelContract, load_model_contract, model_inputs
-from h3gate.model import transformer_skeleton
-from h3gate.presets import RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS
+from h3gate.model.contract import ModelContract, load_model_contract, model_inputs
+from h3gate.model.factory import transformer_skeleton
+from h3gate.model.presets import RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS
 
 AUTOGRAD = "autograd"  # a forward whose backward runs (the model and block gates, training)
 NO_GRAD = "no_grad"  # a forward under torch.no_grad() (every generation step)
@@ -118,7 +118,7 @@ def model_calls(model_name: str, thresholds: Path | None, load=None) -> tuple[Ca
     path = Path(thresholds) / model_name / "model-contract.json" if thresholds is not None else None
     if path is not None and path.is_file():
         return trace(model_config(model_name, load), load_model_contract(path))
-    from h3gate.contract_defaults import defaults
+    from h3gate.generation.default_contracts import defaults
 
     spec = model_name if model_name in TRANSFORMER_CONFIGS or model_name == RELEASE else load().source
     fields = dict(defaults(spec)["model-contract.json"])

@@ -94,3 +94,9 @@ def keyed(table: Mapping[str, object], what: str) -> list[tuple[Op, object]]:
     if problems:
         raise LookupError(f"{what}: {', '.join(problems)}; ops: {', '.join(names)}")
     return [(op, table[op.name]) for op in OPS]
+
+
+def provider_ops() -> dict[str, Callable]:
+    """The provider's op table: every op of the registry by name, as diffusers computes it, in the signatures of a
+    candidate's standalone ops (:meth:`h3gate.candidates.Candidate.kernel_ops`)."""
+    return {op.name: op.provider for op in OPS}

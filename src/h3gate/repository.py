@@ -92,7 +92,7 @@ def plan(root: Path, suite_path: str, thresholds: Path, force: bool) -> Plan:
     no configuration, and the record of the suite in ``thresholds``. Existing files are refused unless ``force``,
     all of them named at once."""
     from h3gate import suite
-    from h3gate.contract_defaults import GENERATIONS
+    from h3gate.generation.default_contracts import GENERATIONS
 
     name = Path(suite_path).name
     if Path(suite_path).is_absolute() or not (name.startswith("test_") or name.endswith("_test.py")) \

@@ -12,15 +12,14 @@ Light on purpose: torch is imported only to name a device class (:func:`h3gate.b
 
 from __future__ import annotations
 
-import hashlib
-import json
 import shlex
-import sys
 from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from h3gate.presets import LAYERS_VARIABLE, RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS, release_layers, release_name
+from h3gate.commands import contracts_command, freeze_command, lock_command, pytest_command
+from h3gate.model.presets import RELEASE, TRANSFORMER_CONFIGS
+from h3gate.model.spec import model_name, num_layers
 
 PRESENT = "present and locked"
 MISSING = "missing"
@@ -30,121 +29,7 @@ STATES = (PRESENT, MISSING, STALE)
 DEFAULT_THRESHOLDS = "thresholds"
 
 
-# The model, named without building it -----------------------------------------------------------------
-
-
-def transformer_folder(root: Path) -> Path | None:
-    """The folder holding a checkpoint's transformer config: ``transformer/`` of a pipeline folder, or the folder
-    itself when it holds a transformer only; None when there is neither."""
-    for folder in (root / "transformer", root):
-        if (folder / "config.json").is_file():
-            return folder
-    return None
-
-
-TRANSFORMER_CLASS = "MiniMaxH3Transformer3DModel"  # the ``_class_name`` diffusers writes into its config
-
-
-def not_a_checkpoint(folder: Path) -> str | None:
-    """Why a folder is no MiniMax-H3 checkpoint at first sight (no transformer config, or the config of another
-    diffusers model, whose fields the gates would miss), or None; its weights are checked when the model loads."""
-    from h3gate.files import FileFormatError, read_json
-
-    found = transformer_folder(folder)
-    if found is None:
-        return (f"{folder} is a folder but not a MiniMax-H3 checkpoint: it holds neither transformer/config.json nor "
-                "config.json; pass a checkpoint folder (h3gate checkpoint make writes one)")
-    config = found / "config.json"
-    try:
-        fields = read_json(config, "transformer config")
-    except FileFormatError as error:
-        return f"{error}: the checkpoint is damaged; copy it again"
-    if fields.get("_class_name") != TRANSFORMER_CLASS:
-        return (f"{folder} is a folder but not a MiniMax-H3 checkpoint: {config} describes a "
-                f"{fields.get('_class_name')!r}, not a {TRANSFORMER_CLASS}; pass a MiniMax-H3 checkpoint folder")
-    layers = fields.get("num_layers")
-    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 1:
-        return f"{config}: num_layers is {layers!r}, not a count of blocks: the checkpoint is damaged; copy it again"
-    return None
-
-
-def _checkpoint_config(spec: str) -> dict:
-    folder = transformer_folder(Path(spec))
-    problem = not_a_checkpoint(Path(spec)) if Path(spec).is_dir() else None
-    if problem:
-        raise ValueError(problem)
-    if folder is None:
-        raise ValueError(f"unknown model {spec!r}: use one of {', '.join(TRANSFORMER_CONFIGS)} or a checkpoint folder")
-    path = folder / "config.json"
-    try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ValueError(f"{path} is not a readable transformer config ({error})") from error
-
-
-def model_name(spec: str) -> str:
-    """The name a model's thresholds folder has: the preset's name (``release-layers<N>`` for the release model's
-    leading ``$H3GATE_LAYERS`` blocks), or for a checkpoint folder its name and the first
-    12 hex digits of a digest of its transformer (config and weight files), so two checkpoints of one name (two
-    fine-tunes both called ``minimax-h3``) keep their thresholds apart. Weight digests are cached by path, size and
-    mtime (:func:`h3gate.files.file_digests`): a checkpoint is hashed once."""
-    if spec in TRANSFORMER_CONFIGS:
-        return spec
-    if spec == RELEASE:
-        return release_name(release_layers())
-    from h3gate.files import file_digests
-
-    root = Path(spec).resolve()
-    config = _checkpoint_config(str(root))
-    folder = transformer_folder(root)
-    weights = sorted(folder.glob("*.safetensors"))
-    if not weights:
-        raise ValueError(f"{folder} has a transformer config.json but no *.safetensors weight files")
-    parts = [json.dumps(config, sort_keys=True)] + [f"{path.name}:{digest}"
-                                                    for path, digest in zip(weights, file_digests(weights, sys.stderr))]
-    return f"{root.name}-{hashlib.sha256('|'.join(parts).encode()).hexdigest()[:12]}"
-
-
-def model_source(spec: str, seed: int = 0) -> str:
-    """What :func:`h3gate.model.load_model` records as the model's ``source``, without loading it."""
-    if spec == RELEASE:
-        layers = release_layers()
-        return f"preset:{spec}:seed={seed}" + ("" if layers == RELEASE_CONFIG["num_layers"] else f":layers={layers}")
-    return f"preset:{spec}:seed={seed}" if spec in TRANSFORMER_CONFIGS else str(Path(spec).resolve())
-
-
-def transformer_config(spec: str) -> dict:
-    """The transformer config of a model without building it: a preset's, or a checkpoint's config.json."""
-    if spec == RELEASE:
-        return {**RELEASE_CONFIG, "num_layers": release_layers()}
-    return TRANSFORMER_CONFIGS.get(spec) or _checkpoint_config(spec)
-
-
-def num_layers(spec: str) -> int:
-    config = transformer_config(spec)
-    if not isinstance(config.get("num_layers"), int):
-        raise ValueError(f"the transformer config of {spec!r} has no integer num_layers")
-    return config["num_layers"]
-
-
 # Commands ---------------------------------------------------------------------------------------------
-
-
-def _pytest_command(targets: list[str], flags: list[str], model: str, device: str, thresholds, last=()) -> str:
-    parts = ["pytest", *targets, *flags, f"--h3-model={model}", f"--h3-device={device}"]
-    if model == RELEASE and release_layers() != RELEASE_CONFIG["num_layers"]:  # the partial model of this shell
-        parts.insert(0, f"{LAYERS_VARIABLE}={release_layers()}")
-    if thresholds:
-        parts.append(f"--h3-thresholds={thresholds}")
-    return " ".join(shlex.quote(str(part)) for part in [*parts, *last])
-
-
-def freeze_command(targets: list[str], model: str, device: str, thresholds: str | Path | None = None,
-                   force: bool = False) -> str:
-    """The exact command that freezes the bounds of the gate items ``targets`` (pytest arguments: node ids, or
-    :func:`h3gate.suite.targets`) select."""
-    return _pytest_command(targets, ["--h3-freeze"], model, device, thresholds,
-                           ["--h3-freeze-force=REASON"] if force else [])
 
 
 # The profile whose gates read the frozen files: what a folder with all of them present can be checked for.
@@ -156,28 +41,15 @@ def check_command(suite: str | None, model: str, device: str, thresholds: str | 
     generation), for the completeness profile of those gates (:data:`CHECKED_PROFILE`; the kernel gate, which
     reads none, is another run's)."""
     from h3gate.gates import REGISTRY
-    from h3gate.profiles import profile
+    from h3gate.evidence.profiles import profile
     from h3gate.suite import targets
 
     gates = {requirement.gate for requirement in profile(CHECKED_PROFILE).requirements}
     items = [frozen.item.partition("[")[0] for gate in REGISTRY.values() if gate.name in gates
              for frozen in gate.frozen if frozen.item]
     selected = [target for item in dict.fromkeys(items) for target in targets(suite, item)]
-    return _pytest_command(list(dict.fromkeys(selected)), [], model, device, thresholds,
+    return pytest_command(list(dict.fromkeys(selected)), [], model, device, thresholds,
                            [f"--h3-profile={CHECKED_PROFILE}"])
-
-
-def contracts_command(model: str, thresholds: str | Path | None = None) -> str:
-    """The command that writes and locks a model's default contracts."""
-    parts = ["h3gate", "contracts", f"--model={model}"] + ([f"--thresholds={thresholds}"] if thresholds else [])
-    return " ".join(shlex.quote(str(part)) for part in parts)
-
-
-def lock_command(path: Path, thresholds: str | Path | None) -> str:
-    parts = ["h3gate", "lock", str(path)]
-    if thresholds:
-        parts.append(f"--thresholds={thresholds}")
-    return " ".join(shlex.quote(part) for part in parts)
 
 
 def device_option(device_class: str) -> str:

@@ -42,7 +42,7 @@ forward and backward at float32 holds about 26 GiB of activations, math SDPA's c
 comparison float64 temporaries of 1.5 GiB per copy of a tap. About 120 GiB of GPU memory and 80 GiB of host
 memory in all: within one H200 (139 GiB) and its host (128 GiB). Host memory is pageable rather than pinned:
 torch's pinned allocator rounds each request up to a power of two (784 MiB to 1 GiB), which would take 100 GiB,
-and moving a saved input costs about 0.1 s of a block's seconds.
+and moving a saved input costs little of a block's time.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from h3gate.block_program import PROVIDER_OPS, transformer_block_forward
 from h3gate.candidates import Candidate
 from h3gate.compare import compare
 from h3gate.measure import blamed_on, check_finite, timed
-from h3gate.model import Model
+from h3gate.model.identity import Model
 
 HEAD = ("norm_out", "proj_out", "audio_proj_out")  # the modules diffusers' forward runs after the block stack
 MATH = "_native_math"  # the attention backend whose runs' blocks go through the block program, in query chunks

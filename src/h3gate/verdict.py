@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
+from h3gate.files import sha256_file
+
 
 @dataclass
 class Check:
@@ -53,14 +55,43 @@ class Check:
         return {**asdict(self), "margin": self.margin, "ratio": self.ratio}
 
 
+@dataclass(frozen=True)
+class Provenance:
+    """What a gate result was measured against and for: the frozen bounds file and its sha256, the model's identity,
+    the candidate's identity and the device class. A field left None is one the gate does not record; the others are
+    serialised into the result's ``context`` under their own names (:meth:`GateResult.to_json`)."""
+
+    bounds_file: str | None = None
+    bounds_sha256: str | None = None
+    model_identity: str | None = None
+    candidate: dict | None = None
+    device_class: str | None = None
+
+    @classmethod
+    def of(cls, frozen=None, model=None, candidate=None, device_class: str | None = None) -> "Provenance":
+        """From the frozen bounds an item read (their file and its sha256, "" where they have no file), the model and
+        the candidate (their identities)."""
+        return cls(
+            bounds_file=None if frozen is None else str(frozen.path),
+            bounds_sha256=None if frozen is None else (sha256_file(frozen.path) if frozen.path else ""),
+            model_identity=None if model is None else model.identity,
+            candidate=None if candidate is None else candidate.identity(),
+            device_class=device_class,
+        )
+
+    def to_json(self) -> dict:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+
 @dataclass(repr=False)
 class GateResult:
     gate: str
     params: dict
     checks: list[Check]
-    context: dict = field(default_factory=dict)  # bounds digest, candidate, model identity, ...
+    context: dict = field(default_factory=dict)  # what else the gate records: coverage, artifacts, workflows, ...
     metrics: dict = field(default_factory=dict)
     timings: dict = field(default_factory=dict)
+    provenance: Provenance = field(default_factory=Provenance)
 
     @property
     def failures(self) -> list[Check]:
@@ -76,7 +107,7 @@ class GateResult:
 
     def summary(self) -> str:
         """One line: the worst failure, or the tightest pass."""
-        digest = self.context.get("bounds_sha256", "")[:12]
+        digest = (self.provenance.bounds_sha256 or "")[:12]
         tail = f"; bounds sha256 {digest}" if digest else ""
         if not self.checks:
             return f"{self.label()}: no checks ran"
@@ -104,7 +135,7 @@ class GateResult:
             "passed": self.passed,
             "summary": self.summary(),
             "checks": [check.to_json() for check in self.checks],
-            "context": self.context,
+            "context": {**self.provenance.to_json(), **self.context},
             "metrics": self.metrics,
             "timings": self.timings,
         }

@@ -54,7 +54,7 @@ class ItemError(ValueError):
 
 class NotClaimed(Exception):
     """An item outside what the candidate claims: recorded as ``not_claimed``, neither a pass nor a gap
-    (:mod:`h3gate.profiles`), so a candidate that replaces one op is judged on that op."""
+    (:mod:`h3gate.evidence.profiles`), so a candidate that replaces one op is judged on that op."""
 
 
 @dataclass(frozen=True)
@@ -155,7 +155,7 @@ register(Gate("generation", (SEEDS,), requires="model", frozen=(
     Frozen("{model}/generation-contract.json", "contract"),
     Frozen("{model}/{device}/generation-bounds.json", "bounds", _GENERATION_ITEM))))
 register(Gate("threshold", measured_by_test=True))
-register(Gate("power", (MEASURED,), module_name="h3gate.power", frozen_nothing="the power measurement freezes nothing: it uses the bounds the other gates froze"))
+register(Gate("power", (MEASURED,), frozen_nothing="the power measurement freezes nothing: it uses the bounds the other gates froze"))
 
 
 def kinds() -> tuple[str, ...]:
@@ -164,7 +164,7 @@ def kinds() -> tuple[str, ...]:
 
 
 def required() -> set[str]:
-    """The gates other gates wait for: their items record every outcome (:mod:`h3gate.gate_passes`)."""
+    """The gates other gates wait for: their items record every outcome (:mod:`h3gate.gates.passes`)."""
     return {gate.requires for gate in REGISTRY.values() if gate.requires}
 
 
@@ -212,7 +212,7 @@ class GateRun:
 
     def contracts_command(self) -> str:
         """The command that writes and locks the model's default contracts into this run's thresholds folder."""
-        from h3gate.status import contracts_command
+        from h3gate.commands import contracts_command
 
         return contracts_command(self.model_spec or self.model_name, self.thresholds)
 

@@ -1,7 +1,7 @@
 """The ``generation`` gate: the whole pipeline, one seed at a time, the candidate against the provider's generation.
 
-The pipeline is diffusers' modular MiniMax-H3 pipeline as shipped (:mod:`h3gate.pipeline`); only the transformer
-call is wrapped, by the resumable run store (:mod:`h3gate.resume`), which saves or replays every call. What the
+The pipeline is diffusers' modular MiniMax-H3 pipeline as shipped (:mod:`h3gate.generation.pipeline`); only the transformer
+call is wrapped, by the resumable run store (:mod:`h3gate.generation.resume`), which saves or replays every call. What the
 candidate does not touch, the text encoder's prompt encoding and the fl2va keyframe's VAE encoding, is made once per
 contract, workflow and component identity and cached on disk (:func:`encodings`); the text encoder then leaves the
 device, which at release size holds the transformer, both VAEs and the runs.
@@ -9,23 +9,23 @@ device, which at release size holds the transformer, both VAEs and the runs.
 :func:`check` (one seed, one pytest item; every workflow the contract names, each its own pair of generations):
 
 1. Cheap before expensive: the model gate must have passed for this model and candidate identity
-   (:mod:`h3gate.gate_passes` records the verdict and checks it); an override reason lets it run anyway and is
+   (:mod:`h3gate.gates.passes` records the verdict and checks it); an override reason lets it run anyway and is
    recorded in the result.
 2. The provider's generation of the seed, cached as a resumable run under ``out_dir`` (freezing made it) and
    reused when its identity matches; otherwise generated (or resumed) now.
 3. Same start: the candidate's first transformer call's inputs (video latents, audio latents, text states,
    layout) must equal the provider's bitwise; otherwise the gate fails naming both digests, before a single
    candidate step is computed.
-4. Metrics (:mod:`h3gate.metrics`) against the provider's generation under both rules, ``fixed`` (the
+4. Metrics (:mod:`h3gate.generation.metrics`) against the provider's generation under both rules, ``fixed`` (the
    contract's bounds) and ``calibrated`` (the frozen bounds); the contract's ``gating_rule`` makes the checks
    (``both``: every bound of both, named ``<workflow>.<rule>.<metric>``), a rule that does not gate is reported
    in ``GateResult.metrics``.
-5. Coverage (:mod:`h3gate.coverage`): each replaced op of the candidate must have served some of its calls over the
+5. Coverage (:mod:`h3gate.candidates.coverage`): each replaced op of the candidate must have served some of its calls over the
    seed's generations; the counts are saved with each step, so a reused or resumed generation keeps them.
 
 :func:`freeze`, before any candidate generates: the provider and every variant generate every seed; per gated
 metric the worst value over the variants, workflows and seeds, widened by the contract's margin ``m`` as the metric's row
-of :data:`h3gate.metrics.METRICS` says, is the calibrated bound. A variant whose generations equal the provider's
+of :data:`h3gate.generation.metrics.METRICS` says, is the calibrated bound. A variant whose generations equal the provider's
 (or an earlier variant's) bitwise adds nothing and is dropped, as recorded; when no variant changes a metric at
 all freezing is refused, since the rule would then demand bitwise equality. The bounds file is written and locked
 with :mod:`h3gate.bounds` (``thresholds/<model>/<device class>/<contract name>-bounds.json``).
@@ -35,10 +35,10 @@ Run store: ``out_dir/generation/<model>/<contract name>/<role>-<identity digest>
 components and encodings digests, contract digest, candidate identity (name, source digest), numerics mode and switches, device class and the
 torch / triton / diffusers versions. A run of another identity in that folder is refused, never replaced.
 
-Pipeline components: the embedded presets' are built (:func:`h3gate.pipeline.build_components`, seed 0), a
-checkpoint folder's loaded (:func:`h3gate.checkpoint.load_components`); kept in memory per model source. Each finished
+Pipeline components: the embedded presets' are built (:func:`h3gate.generation.pipeline.build_components`, seed 0), a
+checkpoint folder's loaded (:func:`h3gate.model.checkpoint.load_components`); kept in memory per model source. Each finished
 run records the video VAE's tiling; a generation's costs (the time and peak memory of its encodings when it made
-them, of its transformer calls and of its decodes, :func:`h3gate.pipeline.measured`) are those of the process that
+them, of its transformer calls and of its decodes, :func:`h3gate.generation.pipeline.measured`) are those of the process that
 ran them, kept out of the run folder, which a resumed run repeats bitwise.
 
 Entry points (``progress`` is a text stream for tqdm's step bars, or None for none), besides the gate protocol of
@@ -55,9 +55,9 @@ Entry points (``progress`` is a text stream for tqdm's step bars, or None for no
   pass or override;
 - ``run_generation(...)`` -> :class:`Generation`, one resumable generation (also the provider cache).
 
-``check`` raises (rather than fails) what a person must fix: :class:`h3gate.gate_passes.NotPassed`, a
-``BoundsError``, a refused or damaged run folder (:class:`h3gate.resume.ResumeError`); SIGTERM/SIGINT end a
-generation with :class:`h3gate.resume.Preempted`.
+``check`` raises (rather than fails) what a person must fix: :class:`h3gate.gates.passes.NotPassed`, a
+``BoundsError``, a refused or damaged run folder (:class:`h3gate.generation.resume.ResumeError`); SIGTERM/SIGINT end a
+generation with :class:`h3gate.generation.resume.Preempted`.
 """
 
 from __future__ import annotations
@@ -74,18 +74,24 @@ import numpy as np
 import safetensors.torch
 import torch
 
-from h3gate import bounds as bounds_mod
-from h3gate import coverage, gate_passes, metrics, numerics, pipeline, resume
-from h3gate.candidates import Candidate, CandidateError
+from h3gate import bounds as bounds_mod, numerics
+from h3gate.candidates import Candidate, CandidateError, coverage
 from h3gate.files import FileFormatError, read_json, sha256_bytes, sha256_file, write_atomic, write_json
-from h3gate.generation_contract import GenerationContract
+from h3gate.gates import ItemError, passes
+from h3gate.generation import metrics, pipeline, resume
+from h3gate.generation.components import release_recipe
+from h3gate.generation.contract import GenerationContract
+from h3gate.generation.pipeline import (
+    build_components,
+    COMPONENT_CONFIGS,
+    generate,
+    load_reference_image,
+    make_pipeline,
+)
 from h3gate.measure import timed
-from h3gate.model import Model, tensor_digest
-from h3gate.pipeline import COMPONENT_CONFIGS, build_components, generate, load_reference_image, make_pipeline
-from h3gate.pipeline_components import release_recipe
-from h3gate.gates import ItemError
-from h3gate.presets import RELEASE
-from h3gate.verdict import Check, GateResult
+from h3gate.model.identity import Model, tensor_digest
+from h3gate.model.presets import RELEASE
+from h3gate.verdict import Check, GateResult, Provenance
 
 GATE = "generation"
 RUN_SCHEMA = "h3gate.generation-run/2"
@@ -112,7 +118,7 @@ class Generation:
     reused: bool
     verified_step: int | None = None
     costs: dict = field(default_factory=dict)  # decodes (saved with the run), transformer calls made now
-    coverage: dict = field(default_factory=dict)  # replaced ops' calls over every step (:mod:`h3gate.coverage`)
+    coverage: dict = field(default_factory=dict)  # replaced ops' calls over every step (:mod:`h3gate.candidates.coverage`)
 
     def summary(self) -> dict:
         return {
@@ -150,7 +156,7 @@ def _components(source: str, device: str) -> tuple[dict, str]:
     host, the release preset's built on ``device`` without its text encoder (:func:`_text_encoder`), identified by
     their recipe rather than a digest of their weights."""
     if not source.startswith("preset:"):
-        from h3gate.checkpoint import components_digest, load_components
+        from h3gate.model.checkpoint import components_digest, load_components
 
         return load_components(source), components_digest(source)
     preset = source.split(":")[1]
@@ -245,7 +251,7 @@ def _synchronize(device: str) -> None:
 
 def encodings(model: Model, contract: GenerationContract, workflow: str, components: tuple[dict, str], device: str,
               out_dir) -> tuple[dict, dict]:
-    """The request's encodings for ``workflow`` (:data:`h3gate.pipeline.ENCODINGS`: the text encoder's prompt
+    """The request's encodings for ``workflow`` (:data:`h3gate.generation.pipeline.ENCODINGS`: the text encoder's prompt
     encoding, the keyframe's VAE encoding), and what making them cost.
 
     Cached under ``out_dir/generation/<model>/<contract>/encodings/<workflow>-<identity digest>.safetensors`` with a
@@ -288,7 +294,7 @@ def _encoding_files(model, contract, workflow, components_digest, device, out_di
 
 def _encode_missing(contract: GenerationContract, missing: dict, parts: dict, device: str) -> dict:
     """Encode each workflow of ``missing`` ({workflow: (file, record, identity)}) with one text encoder, then release
-    it; the seconds each took and the costs (:func:`h3gate.pipeline.measured`) of the whole, text encoder included."""
+    it; the seconds each took and the costs (:func:`h3gate.generation.pipeline.measured`) of the whole, text encoder included."""
     seconds = {}
     with pipeline.measured(device) as costs:
         text_encoder, built = _text_encoder(parts, device)
@@ -361,7 +367,7 @@ def run_generation(
     saved, generated otherwise.
 
     ``expected_first_inputs`` (a reference generation's ``first_call_inputs``) stops the run at its first call if
-    its inputs differ (:class:`h3gate.resume.StartMismatch`). ``progress`` is the text stream of the step bar.
+    its inputs differ (:class:`h3gate.generation.resume.StartMismatch`). ``progress`` is the text stream of the step bar.
     ``components`` (pipeline components and their identity) replaces the model source's own.
     """
     if candidate is not None and mode.name != numerics.PROVIDER.name:
@@ -386,7 +392,7 @@ def run_generation(
                              mode, device)
     folder = run_folder(out_dir, model, contract, role, workflow, seed, identity)
     call_seconds: list[float] = []
-    call_peaks: list[int] = []  # each call's peak memory (:func:`h3gate.pipeline.measured`)
+    call_peaks: list[int] = []  # each call's peak memory (:func:`h3gate.generation.pipeline.measured`)
     call_coverage: list[dict] = []  # per call computed here, its replaced ops' counts
     described: list[dict] = []  # the info of every step saved here
     scoped = numerics.scoped(mode, numerics.runner(mode, transformer.forward))
@@ -484,7 +490,7 @@ class GenerationBounds(bounds_mod.Bounds):
 
     @property
     def non_discriminating(self) -> list[str]:
-        """Bounds no generation can violate (:meth:`h3gate.metrics.Metric.discriminates`)."""
+        """Bounds no generation can violate (:meth:`h3gate.generation.metrics.Metric.discriminates`)."""
         return sorted(metric for metric, bound in self.bounds.items() if not metrics.METRIC[metric].discriminates(bound))
 
     def to_json(self) -> dict:
@@ -633,17 +639,13 @@ def check(
     """Qualify ``candidate``'s generations of ``seed`` (one per workflow of the contract) against the provider's,
     under frozen bounds. Checks are named ``<workflow>.<check>``; ``context["workflows"]`` and
     ``metrics["workflows"]`` hold each workflow's runs and values."""
-    model_gate = gate_passes.require_pass(out_dir, "model", model, candidate.identity(), model_gate_override)
+    model_gate = passes.require_pass(out_dir, "model", model, candidate.identity(), model_gate_override)
     _require_measured_as(frozen, contract)
     timings: dict[str, float] = {}
+    provenance = Provenance.of(frozen, model, candidate, frozen.device_class)
     context = {
         "contract": str(contract.path),
         "contract_sha256": contract.digest,
-        "bounds_file": str(frozen.path),
-        "bounds_sha256": sha256_file(frozen.path) if frozen.path else "",
-        "model_identity": model.identity,
-        "candidate": candidate.identity(),
-        "device_class": frozen.device_class,
         "gating_rule": contract.gating_rule,
         "model_gate": model_gate,
         "workflows": {},
@@ -658,7 +660,7 @@ def check(
         if values is not None:
             report["workflows"][workflow] = values
     counts = coverage.total(*(ran.get("coverage", {}) for ran in context["workflows"].values()))
-    return coverage.judged(GateResult(GATE, {"seed": seed}, checks, context, report, timings), counts)
+    return coverage.judged(GateResult(GATE, {"seed": seed}, checks, context, report, timings, provenance), counts)
 
 
 def _check_workflow(model, candidate, contract, frozen, device, workflow, seed, out_dir, timings, *, verify_last_step,
@@ -726,7 +728,7 @@ def contract_of(run) -> GenerationContract:
     ``generation``). Read first by every item, so a missing contract or a seed it does not list fails before a model
     is built: the first with the contracts that exist and the command that writes the defaults, the second as an
     :class:`ItemError` naming the seeds to mark."""
-    from h3gate import generation_contract
+    from h3gate.generation import contract as generation_contract
 
     name = run.options.get("contract", GATE)
     path = Path(run.thresholds) / run.model_name / f"{name}{generation_contract.SUFFIX}"
@@ -768,5 +770,5 @@ def check_item(run, frozen: GenerationBounds) -> GateResult:
         return check(run.model, run.candidate, contract_of(run), frozen, run.device, run.params["seed"], run.out,
                      verify_last_step=run.verify_last_step, progress=run.stream,
                      model_gate_override=run.required_override)
-    except gate_passes.NotPassed as error:
+    except passes.NotPassed as error:
         return GateResult(GATE, run.params, [Check.failed("model_gate", "not passed", str(error))])

@@ -5,7 +5,7 @@ golden; their relative L2 to golden per tap gives the bounds by the ensemble rul
 report) and the candidate streamed against golden; per tap the candidate's relative L2 to golden must not exceed
 its bound; the run's tap inventory must equal the bounds' keys; a gradient that is exactly zero where golden's is
 not fails whatever its bound; non-finite output is an error naming the tap; a replaced op that served none of its
-calls fails (:mod:`h3gate.coverage`).
+calls fails (:mod:`h3gate.candidates.coverage`).
 
 Every run is streamed (:func:`h3gate.streaming.stream_errors`): golden made one block at a time, the compared runs
 in lockstep with it, every tap reduced to its errors as it appears, the backward recomputing each block from its
@@ -18,14 +18,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from h3gate import bounds as bounds_mod
-from h3gate import coverage, numerics
-from h3gate.candidates import Candidate, CandidateError
-from h3gate.contract import ModelContract, load_model_contract, model_inputs
-from h3gate.files import FileFormatError, sha256_file
-from h3gate.model import Model
+from h3gate import bounds as bounds_mod, numerics
+from h3gate.candidates import Candidate, CandidateError, coverage
+from h3gate.files import FileFormatError
+from h3gate.model.contract import ModelContract, load_model_contract, model_inputs
+from h3gate.model.identity import Model
 from h3gate.streaming import stream_errors
-from h3gate.verdict import Check, GateResult, no_deterministic_kernel, repeatability
+from h3gate.verdict import Check, GateResult, Provenance, no_deterministic_kernel, repeatability
 
 GATE = "model"
 
@@ -134,14 +133,7 @@ def check(
                 Check.failed(tap, "zero_gradient", "exactly zero where golden's is not", **detail)
             )
         checks.append(Check(tap, "relative_l2", metrics["relative_l2"], frozen.bounds[tap], metrics["relative_l2"] <= frozen.bounds[tap], detail))
-    context = {
-        "bounds_file": str(frozen.path),
-        "bounds_sha256": sha256_file(frozen.path) if frozen.path else "",
-        "model_identity": model.identity,
-        "candidate": candidate.identity(),
-        "device_class": frozen.device_class,
-        "non_discriminating": frozen.non_discriminating,
-    }
+    context = {"non_discriminating": frozen.non_discriminating}
     if not repeat:
         context["repeatability"] = "not run: a provider variant with no deterministic kernel, judged by its numerics"
     return coverage.judged(GateResult(
@@ -151,6 +143,7 @@ def check(
         context=context,
         metrics={"candidate": candidate_errors, "provider": provider_errors},
         timings=_phase_seconds(phase_timings),
+        provenance=Provenance.of(frozen, model, candidate, frozen.device_class),
     ), counts)
 
 

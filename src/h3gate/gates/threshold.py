@@ -26,9 +26,8 @@ from pathlib import Path
 
 from h3gate import bounds as bounds_mod
 from h3gate import numerics
-from h3gate.files import sha256_file
 from h3gate.gates import ItemError
-from h3gate.verdict import Check, GateResult
+from h3gate.verdict import Check, GateResult, Provenance
 
 GATE = "threshold"
 PROVIDER, CANDIDATE = "provider", "candidate"
@@ -152,5 +151,4 @@ def check_item(run, frozen: ThresholdBounds) -> GateResult:
                     abs(values[key] - reference[key]) <= frozen.bounds[key],
                     {"candidate": values[key], "provider": reference[key]})
               for key in frozen.bounds]
-    return GateResult(GATE, run.params, checks, {"threshold": name, "bounds_file": str(frozen.path),
-                                                 "bounds_sha256": sha256_file(frozen.path) if frozen.path else ""})
+    return GateResult(GATE, run.params, checks, {"threshold": name}, provenance=Provenance.of(frozen))
