@@ -45,6 +45,7 @@ class H3Session:
         self.sign_key = None  # checked when the session starts (pytest_h3.settings)
         self.started = False
         self.refused = False  # the start refused the session (a usage error): it leaves no results or evidence
+        self.interrupted: str | None = None  # the signal that stopped the session (the summary says where)
 
     @property
     def device(self) -> str:
@@ -237,6 +238,11 @@ class H3Session:
             workeroutput["h3"] = self.ledger.worker_output()
             return True
         outcomes = self.ledger.final_outcomes()
+        self.summary += [f"{nodeid}: {line}" for nodeid, line in sorted(self.ledger.preempted.items())]
+        if self.interrupted and not self.ledger.preempted:
+            self.summary.append(f"stopped by {self.interrupted} after the items that were running: run the same "
+                                "command to run the rest")
+        self.summary += resumed(self.ledger.results)
         if self.freezing and self.frozen_here:
             self.summary.append(self.next_after_freezing())
         if self.freezing or self.refused or all(outcome.outcome == "deselected" for outcome in outcomes.values()):
@@ -265,6 +271,24 @@ class H3Session:
 
     def gate(self, kind, params, options, node, record_property, artifacts=dict) -> "GateItem":
         return GateItem(self, kind, params, options, node, record_property, artifacts)
+
+
+def resumed(results: dict[str, dict]) -> list[str]:
+    """A line for each generation of the results that resumed a run an earlier session had cut short: which, and at
+    which step (the steps before it were replayed from the run's saved steps)."""
+    lines = []
+
+    def walk(nodeid: str, value) -> None:
+        if isinstance(value, dict):
+            if value.get("resumed_at_step"):
+                lines.append(f"{nodeid}: resumed {value['run_folder']} at step {value['resumed_at_step']}, the steps "
+                             "before it replayed as saved")
+            for child in value.values():
+                walk(nodeid, child)
+
+    for nodeid, result in sorted(results.items()):
+        walk(nodeid, result.get("context", {}))
+    return lines
 
 
 class GateItem:
@@ -366,10 +390,11 @@ class GateItem:
                           provenance=Provenance(bounds_file=str(frozen.path)))
 
     def progress_stream(self):
-        """A text stream to the terminal past pytest's capture, for tqdm bars the engine draws itself."""
-        from pytest_h3.progress import Terminal
+        """A text stream to the terminal past pytest's capture, for tqdm bars the engine draws itself (none in an xdist
+        worker)."""
+        from pytest_h3.progress import terminal
 
-        return Terminal(self.session.config)
+        return terminal(self.session.config)
 
     def progress(self, total: int | None):
         from pytest_h3.progress import Progress

@@ -117,6 +117,7 @@ class Generation:
     first_call_inputs: dict  # input name -> sha256
     reused: bool
     verified_step: int | None = None
+    resumed_at: str | None = None  # "k/N": the step it went on from, where an earlier run stopped (None: it did not)
     costs: dict = field(default_factory=dict)  # decodes (saved with the run), transformer calls made now
     coverage: dict = field(default_factory=dict)  # replaced ops' calls over every step (:mod:`h3gate.candidates.coverage`)
 
@@ -127,6 +128,7 @@ class Generation:
             "notes": self.notes,
             "reused": self.reused,
             "verified_step": self.verified_step,
+            "resumed_at_step": self.resumed_at,
             "costs": self.costs,
         }
 
@@ -456,6 +458,7 @@ def run_generation(
             first_call_inputs=run.first_call_inputs,
             reused=reused,
             verified_step=run.verified_step,
+            resumed_at=run.resumed_at,
             costs={
                 "encoding": encoding_costs,
                 "decode": decodes,
