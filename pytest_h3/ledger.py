@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from h3gate.evidence.profiles import Outcome
+from h3gate.evidence.profiles import SESSION_WIDE, Outcome
 
 INTERRUPTED = "keyboard-interrupt"  # what xdist names a worker's going down on Ctrl-C (its session interrupted)
 _RANK = {"passed": 0, "not_claimed": 1, "skipped": 1, "failed": 2, "error": 3}
@@ -91,7 +91,7 @@ class Ledger:
     def final_outcomes(self) -> dict[str, Outcome]:
         outcomes = {**self.deselected, **self.outcomes}
         for worker in self.crashed_workers:
-            outcomes[f"<xdist worker {worker}>"] = Outcome("error", "worker", {"worker": worker})
+            outcomes[f"<xdist worker {worker}>"] = Outcome("error", SESSION_WIDE, {"worker": worker})
         return outcomes
 
 

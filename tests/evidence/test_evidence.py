@@ -541,6 +541,18 @@ def test_a_session_without_a_verdict_on_an_item_keeps_the_earlier_verdict(tmp_pa
         verify(path, [key.public_key()])
 
 
+def test_a_lost_worker_of_an_earlier_session_does_not_carry_over(tmp_path, key):
+    """A crashed xdist worker leaves an entry of its session (its item is recorded besides): the next session's
+    evidence is not incomplete for ever because of it."""
+    crashed = make_run(tmp_path)
+    crashed.outcomes["<xdist worker gw0>"] = profiles.Outcome("error", profiles.SESSION_WIDE, {"worker": "gw0"})
+    _, joined = add_session(tmp_path, session(crashed, list(crashed.outcomes)), key, crashed.thresholds)
+    assert joined["predicate"]["h3"]["verdict"] == "INCOMPLETE"
+    path, joined = add_session(tmp_path, session(make_run(tmp_path), []), key, crashed.thresholds)
+    assert "<xdist worker gw0>" not in joined["predicate"]["h3"]["tests"]
+    assert verify(path, [key.public_key()]).result == "PASSED"
+
+
 def test_a_session_that_cannot_join_leaves_the_folders_evidence_as_it_was(run, key):
     path, _ = add_session(run.root, session(run, HALVES[0]), key, run.thresholds)
     good = path.read_bytes()

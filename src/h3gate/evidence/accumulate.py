@@ -11,7 +11,7 @@ from pathlib import Path
 
 from h3gate.bounds import read_lock
 from h3gate.evidence.merge import joined_configuration, redacted_by_index, redacted_by_name
-from h3gate.evidence.profiles import Profile, verdict
+from h3gate.evidence.profiles import SESSION_WIDE, Profile, verdict
 from h3gate.evidence.redaction import pointer_token
 from h3gate.evidence.signing import EVIDENCE_NAME, EvidenceError, PrivateKey, open_envelope
 from h3gate.evidence.statement import assemble, statement_of, write_sealed
@@ -26,7 +26,8 @@ def _reached_verdict(test: dict) -> bool:
 def accumulate(previous: Path, statement: dict, sign_key: PrivateKey | None, thresholds: Path) -> dict:
     """``statement`` (a session's, just built) joined to the evidence ``previous`` of the same output folder: every
     test of either, the session's where both have one, unless the session reached no verdict on it (skipped,
-    deselected, crashed, interrupted) and the earlier one did; subjects, environments and configuration joined. Both
+    deselected, crashed, interrupted) and the earlier one did; an earlier session's entry of a worker it lost does not
+    carry over (:data:`SESSION_WIDE`); subjects, environments and configuration joined. Both
     must qualify the same model and candidate against the same bounds and contracts, judged by the same h3gate, and be
     signed by the same key (or both unsigned: a key must not vouch for what nobody signed); the earlier bounds and
     contracts must still be those of the ``thresholds`` lock; the session's profile is the joined one's. Anything else
@@ -47,8 +48,8 @@ def accumulate(previous: Path, statement: dict, sign_key: PrivateKey | None, thr
     h3, old = statement["predicate"]["h3"], earlier["predicate"]["h3"]
     first = (envelope.path, earlier["predicate"]["configuration"], old["profile"], old["tool"])
     config = joined_configuration(first, Path("this session"), statement["predicate"]["configuration"], h3["tool"])
-    tests = dict(old["tests"])
-    replaced = set()
+    tests = {nodeid: test for nodeid, test in old["tests"].items() if test["gate"] != SESSION_WIDE}
+    replaced = set(old["tests"]) - set(tests)
     for nodeid, test in h3["tests"].items():
         if nodeid in tests and not _reached_verdict(test) and _reached_verdict(tests[nodeid]):
             continue

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PASSED, FAILED, INCOMPLETE = "PASSED", "FAILED", "INCOMPLETE"
+# The gate of an entry about a session rather than a test: an xdist worker it lost (its items are recorded besides).
+SESSION_WIDE = "worker"
 OUTCOMES = ("passed", "failed", "skipped", "deselected", "error", "not_claimed")
 
 
