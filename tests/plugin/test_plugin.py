@@ -254,6 +254,24 @@ def test_own(h3_generation, h3_threshold):
     _failed_in_one_line(result, "test_own", "*/thresholds/tiny/nope-contract.json: missing*")
 
 
+def test_the_generation_fixture_on_a_contract_of_two_workflows_names_the_option_that_picks_one(project):
+    _add_frozen(project, PREFLIGHT[0])
+    contract = project.path / "thresholds" / PREFLIGHT[0]
+    contract.write_text(json.dumps({**json.loads(contract.read_text()), "workflow": ["t2va", "fl2va"]}))
+    from h3gate.bounds import lock_files
+
+    lock_files(project.path / "thresholds", [contract])
+    project.makepyfile(test_own="""
+import pytest
+
+@pytest.mark.h3_gate("threshold")
+def test_own(h3_generation, h3_threshold):
+    h3_generation(42, "provider", contract="generation-preflight")
+""")
+    _failed_in_one_line(_run(project, "test_own.py"), "test_own", "*/generation-preflight-contract.json generates 2 "
+                        "workflows, t2va, fl2va: pick the one to generate with workflow='t2va' or workflow='fl2va'")
+
+
 def test_results_that_cannot_be_written_fail_the_run_in_one_line(project):
     project.makeconftest("""
 import shutil

@@ -341,10 +341,16 @@ def _unflatten(tensors: dict, device: str) -> dict:
 
 
 def _workflow(contract: GenerationContract, workflow: str | None) -> str:
+    """The workflow to generate: the one given, else the contract's only one. Another, or none of a contract that
+    generates several, is an :class:`ItemError` naming the option that picks one."""
     if workflow is None and len(contract.workflows) == 1:
         return contract.workflows[0]
+    named = " or ".join(f"workflow={name!r}" for name in contract.workflows)
+    if workflow is None:
+        raise ItemError(f"{contract.path} generates {len(contract.workflows)} workflows, "
+                        f"{', '.join(contract.workflows)}: pick the one to generate with {named}")
     if workflow not in contract.workflows:
-        raise ValueError(f"workflow {workflow!r} is not one of {contract.path}'s workflows {list(contract.workflows)}")
+        raise ItemError(f"workflow {workflow!r} is not one of {contract.path}'s workflows: pick one with {named}")
     return workflow
 
 
