@@ -201,7 +201,10 @@ class H3Session:
         self.share_host_threads()
         self.verify_thresholds()
         if not self.freezing:
-            self.candidate
+            problem = self.candidate.cannot_run(self.model_config())
+            if problem:
+                raise pytest.UsageError(f"{CANDIDATE}={self.settings.candidate} cannot run {MODEL}="
+                                        f"{self.settings.model}: {problem}; qualify it on a model it supports")
             if getattr(self.config, "workerinput", None) is None:  # the controller writes the evidence
                 from pytest_h3.session_evidence import check_joinable
 
