@@ -129,11 +129,31 @@ def _print_next_after_contracts(model: str, device: str | None, thresholds: str)
 
     shown = None if thresholds == status.DEFAULT_THRESHOLDS else thresholds
     device = device or status.default_device(model)
+    print(_cost(model, thresholds))
     print("next, freeze the bounds (cheap gates first):")
     for command in _freeze_commands(model, device, shown):
         print(f"  {command}")
     print("then check a candidate (--h3-candidate, default h3_triton) with the gates that read them:")
     print(f"  {status.check_command(suite.recorded(thresholds), model, device, shown)}")
+
+
+def _cost(model: str, thresholds: str) -> str:
+    """What the model contract costs, said before the first freeze: its rows and one forward and backward's FLOPs,
+    and how many such passes the model gate makes (a canvas too large for the machine shows here, not an hour in)."""
+    from h3gate.model.contract import load_model_contract, packed_rows, pass_flops
+    from h3gate.model.spec import model_name, transformer_config
+
+    contract = load_model_contract(Path(thresholds) / model_name(model) / "model-contract.json")
+    config = transformer_config(model)
+    rows = packed_rows(contract, config)
+    return (f"the model contract packs {sum(rows.values()):,} rows a sample (text {rows['text']:,}, audio "
+            f"{rows['audio']:,}, video {rows['video']:,}); a forward and backward of this transformer there is about "
+            f"{_rounded(pass_flops(contract, config) / 1e12)} TFLOP, and the model gate makes 4 such passes to check a "
+            "candidate, 2 and one a provider variant to freeze (--canvas FxHxW sets a smaller canvas)")
+
+
+def _rounded(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
 
 
 def _freeze_commands(spec: str, device: str, thresholds: str | None) -> list[str]:
