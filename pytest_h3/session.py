@@ -355,18 +355,23 @@ class GateItem:
         try:
             return module.load_bounds(gate_run)
         except bounds_mod.BoundsError as error:
-            raise bounds_mod.BoundsError(f"{error}; freeze them with: {self.freeze_command(self.freezer(path))}") from None
+            raise bounds_mod.BoundsError(f"{error}; freeze them with the {self.kind} gate's test: "
+                                         f"{self.freeze_command(self.freezer(path))}") from None
 
     def freezer(self, path: Path) -> list[str]:
-        """The pytest arguments that select the gate-suite item freezing ``path`` (:mod:`h3gate.suite`); this test's
-        own node id where the file is its own (a team's threshold)."""
+        """The pytest arguments that select the item freezing ``path``: the gate suite's (:mod:`h3gate.suite`); else
+        this test, where it is an item of the gate (a team's threshold); else every gate test (a contract of the
+        team's own, which no item of the suite names)."""
         from h3gate import status, suite
         from h3gate.model.spec import num_layers
 
         thresholds = self.session.thresholds
         item = status.freezing_item(path.relative_to(thresholds).as_posix(), self.session.model_name,
                                     path.parent.name, num_layers(self.session.settings.model))
-        return [self.node.nodeid] if item is None else suite.targets(suite.recorded(thresholds), item)
+        if item is not None:
+            return suite.targets(suite.recorded(thresholds), item)
+        marker = self.node.get_closest_marker("h3_gate")
+        return [self.node.nodeid] if marker is not None and marker.args[:1] == (self.kind,) else suite.targets(None, "")
 
     def freeze_command(self, targets: list[str]) -> str:
         from h3gate.commands import freeze_command

@@ -272,6 +272,27 @@ def test_own(h3_generation, h3_threshold):
                         "workflows, t2va, fl2va: pick the one to generate with workflow='t2va' or workflow='fl2va'")
 
 
+def test_h3_bounds_names_the_item_of_the_repositorys_own_suite_that_freezes_them(project):
+    """A repository set up by h3gate init: the fix names its suite's test, not this repository's tests/gates."""
+    from h3gate import suite
+
+    (project.path / "thresholds" / suite.RECORD).write_text(suite.record_text("qual/test_h3_gates.py"))
+    project.makepyfile(test_own="""
+import re
+
+import pytest
+
+from h3gate.bounds import BoundsError
+
+
+def test_own(h3_bounds):
+    fix = "freeze them with the block gate's test: pytest 'qual/test_h3_gates.py::test_block[block1]' --h3-freeze"
+    with pytest.raises(BoundsError, match=f"no frozen block bounds .*block1-bounds.json; {re.escape(fix)}"):
+        h3_bounds("block", block=1)
+""")
+    _run(project, "test_own.py").assert_outcomes(passed=1)
+
+
 def test_results_that_cannot_be_written_fail_the_run_in_one_line(project):
     project.makeconftest("""
 import shutil
