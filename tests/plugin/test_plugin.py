@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from conftest import THRESHOLDS
+from h3gate import repository
 
 GATE_TEST = """
 import pytest
@@ -291,6 +292,26 @@ def test_own(h3_bounds):
         h3_bounds("block", block=1)
 """)
     _run(project, "test_own.py").assert_outcomes(passed=1)
+
+
+def test_a_run_from_a_subfolder_says_where_it_looked_for_thresholds_and_init_s_pytest_ini_anchors_it(project):
+    """Without a pytest configuration, rootdir (and so <rootdir>/thresholds) is the folder pytest runs in: the header
+    and the failure say so; the pytest.ini h3gate init writes makes the repository's root the rootdir from every
+    subfolder."""
+    sub = project.mkdir("sub")
+    (project.path / "test_gate.py").rename(sub / "test_gate.py")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(sub)
+        lost = _run(project, "-m", "gate")
+        lost.assert_outcomes(failed=1)
+        lost.stdout.fnmatch_lines([f"h3 thresholds: {sub}/thresholds does not exist: it is <rootdir>/thresholds, and "
+                                   f"rootdir {sub} is the folder of the paths given, as pytest found no configuration "
+                                   "file; run pytest from the folder holding thresholds/, *"])
+        (project.path / "pytest.ini").write_text(repository.INI_TEXT)
+        anchored = _run(project, "-m", "gate")
+    anchored.assert_outcomes(failed=1)
+    anchored.stdout.fnmatch_lines([f"*no frozen model bounds at {project.path}/thresholds/tiny/cpu/model-bounds.json; "
+                                   "freeze them with: pytest sub/test_gate.py::test_model --h3-freeze*"])
 
 
 def test_results_that_cannot_be_written_fail_the_run_in_one_line(project):
