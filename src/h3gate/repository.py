@@ -111,6 +111,9 @@ def plan(root: Path, suite_path: str, thresholds: Path, force: bool) -> Plan:
         written.notes.append(f"pytest is configured by {config.name} here, so no {PYTEST_INI} was written; add "
                              f"junit_family = {JUNIT_FAMILY} to it (the gates' key metrics reach JUnit XML only in "
                              "that family)")
+    ignore = thresholds / ".gitignore"
+    if not ignore.exists():  # the lock's lock file, which locking leaves beside LOCK.json
+        written.files[ignore] = ("*.flock\n", "keeps the lock's own lock file (LOCK.json.flock) out of version control")
     if suite.recorded(thresholds) != Path(suite_path).as_posix():
         written.files[thresholds / suite.RECORD] = (suite.record_text(suite_path),
                                                     "the record of the gate suite, whose tests the commands name")

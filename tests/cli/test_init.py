@@ -26,6 +26,7 @@ def test_init_writes_the_suite_pytest_ini_and_the_thresholds_folder(repo, capsys
     assert "junit_family = xunit1" in (repo / "pytest.ini").read_text()
     assert suite.recorded(repo / "thresholds") == suite.DEFAULT_FILE
     assert verify_lock(repo / "thresholds") == {}, "an empty lock; the suite record is not a locked file"
+    assert (repo / "thresholds" / ".gitignore").read_text() == "*.flock\n"
     assert oct(written.stat().st_mode & 0o777) == oct(0o666 & ~UMASK), "readable as any new file, not mkstemp's 0600"
     assert "next, a checkpoint folder to qualify" in out and "  h3gate checkpoint make --preset tiny checkpoint" in out
     assert "tests/gates" not in out and "<" not in out
