@@ -13,8 +13,11 @@ shorten it where one per GPU leaves the host's cores idle.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -133,3 +136,32 @@ def shard(items: list, spec: str) -> tuple[list, list]:
     gates = sorted((item for item in items if item.get_closest_marker("h3_gate")), key=lambda item: item.nodeid)
     dropped = {item.nodeid for position, item in enumerate(gates) if position % count != index}
     return [i for i in items if i.nodeid not in dropped], [i for i in items if i.nodeid in dropped]
+
+
+@contextlib.contextmanager
+def first_signal_held(then=None):
+    """Under xdist, the first SIGINT or SIGTERM stops nothing at once: a Ctrl-C reaches the controller and every worker
+    (one process group). A worker's generation finishes its step and says where it stopped (:mod:`h3gate.generation.
+    resume`); otherwise ``then(signum)`` (a worker: stop after the current item) runs. The controller, still listening,
+    ends once its workers have (one stopped at once would tear them down before they could say). A second signal stops
+    at once. Yields the signals held."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def held(signum, frame):
+        for other, handler in previous.items():
+            signal.signal(other, handler)
+        received.append(signum)
+        if then is not None:
+            then(signum)
+
+    for signum in previous:
+        signal.signal(signum, held)
+    try:
+        yield received
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -20,7 +20,7 @@ from h3gate import bounds as bounds_mod, gates as registry
 from h3gate.candidates import CandidateError
 from h3gate.files import FileFormatError
 from h3gate.gates import passes
-from h3gate.generation.resume import ResumeError
+from h3gate.generation.resume import Preempted, ResumeError
 from h3gate.verdict import Check, GateResult
 from pytest_h3 import distribution
 from pytest_h3.options import WORKERS_PER_GPU
@@ -40,6 +40,12 @@ def run(item) -> GateResult:
             return _run(item)
     except torch.OutOfMemoryError as error:
         reason = str(error).strip().splitlines()[0]
+    except Preempted as preempted:
+        # Not a KeyboardInterrupt out of the item, which xdist takes for a crash of its worker: the item is skipped
+        # with the line that says where it stopped, and the session stops after it (under xdist, every worker).
+        item.session.ledger.preempted[item.node.nodeid] = str(preempted)
+        item.node.session.shouldstop = str(preempted)
+        raise pytest.skip.Exception(str(preempted)) from None
     # Past the except block the error and its traceback are gone, and with them the frames that held the item's
     # tensors: the next item starts on a free GPU instead of running out of memory in turn.
     torch.cuda.empty_cache()

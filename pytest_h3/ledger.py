@@ -12,8 +12,9 @@ import json
 
 import pytest
 
-from h3gate.evidence.profiles import Outcome
+from h3gate.evidence.profiles import SESSION_WIDE, Outcome
 
+INTERRUPTED = "keyboard-interrupt"  # what xdist names a worker's going down on Ctrl-C (its session interrupted)
 _RANK = {"passed": 0, "not_claimed": 1, "skipped": 1, "failed": 2, "error": 3}
 
 
@@ -26,6 +27,7 @@ class Ledger:
         self.deselected: dict[str, Outcome] = {}
         self.crashed_workers: list[str] = []
         self.outside_shard: set[str] = set()  # gate items another shard runs: neither run nor deselected here
+        self.preempted: dict[str, str] = {}  # node id -> "preempted at step k/N; ...": a signal stopped its generation
 
     def pytest_runtest_logreport(self, report) -> None:
         self.record_report(report)
@@ -38,7 +40,7 @@ class Ledger:
         output = getattr(node, "workeroutput", {}).get("h3")
         if output is not None:
             self.merge_worker(output)
-        if error is not None or output is None:
+        if (error is not None and error != INTERRUPTED) or output is None:  # a Ctrl-C is no crash: its items resume
             self.worker_down(node.gateway.id)
 
     def record_result(self, nodeid: str, result: dict) -> None:
@@ -73,13 +75,13 @@ class Ledger:
                 self.deselected[item.nodeid] = Outcome("deselected", gate["gate"], gate["params"])
 
     def worker_output(self) -> str:
-        return json.dumps(
-            {"results": self.results, "deselected": {k: [v.gate, v.params] for k, v in self.deselected.items()}}
-        )
+        return json.dumps({"results": self.results, "preempted": self.preempted,
+                           "deselected": {k: [v.gate, v.params] for k, v in self.deselected.items()}})
 
     def merge_worker(self, data: str) -> None:
         payload = json.loads(data)
         self.results.update(payload["results"])
+        self.preempted.update(payload["preempted"])
         for nodeid, (gate, params) in payload["deselected"].items():
             self.deselected[nodeid] = Outcome("deselected", gate, params)
 
@@ -89,7 +91,7 @@ class Ledger:
     def final_outcomes(self) -> dict[str, Outcome]:
         outcomes = {**self.deselected, **self.outcomes}
         for worker in self.crashed_workers:
-            outcomes[f"<xdist worker {worker}>"] = Outcome("error", "worker", {"worker": worker})
+            outcomes[f"<xdist worker {worker}>"] = Outcome("error", SESSION_WIDE, {"worker": worker})
         return outcomes
 
 

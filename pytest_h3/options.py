@@ -1,7 +1,7 @@
 """Every pytest-h3 command-line option, named once: the constants below are the only place an option's name is
 written in the plugin, and :func:`add_options` the only place pytest is told how to parse and document it."""
 
-from h3gate.evidence.profiles import PROFILES  # imports nothing heavy
+from h3gate.evidence.profiles import PROFILES, described  # imports nothing heavy
 
 MODEL = "--h3-model"
 CANDIDATE = "--h3-candidate"
@@ -102,8 +102,7 @@ def add_options(parser) -> None:
         default="ci",
         choices=tuple(PROFILES),
         help="completeness profile of the evidence: the gates a run must contain to be PASSED rather than "
-        "INCOMPLETE ('ci': kernel, block, model, generation seeds 42, 43, 44 and power; 'release': those but power; "
-        "'model-block': block and model, for a model whose kernels another run qualified; default: ci)",
+        f"INCOMPLETE ({described()}; default: ci)",
     )
     group.addoption(
         WORKERS_PER_GPU,

@@ -7,15 +7,18 @@ fixture that runs the engine for the marked gate, JUnit properties, and the sess
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import itertools
 import os
+import signal
 import sys
 
 import pytest
 
 from h3gate import gates as registry
+from h3gate import quiet
 from pytest_h3 import distribution, options
 from pytest_h3.ledger import gate_of
 from pytest_h3.options import DEVICE, FREEZE, FREEZE_FORCE, VARIANTS, WORKERS_PER_GPU
@@ -53,6 +56,8 @@ def pytest_load_initial_conftests(early_config, parser, args):
 def pytest_configure(config):
     config.addinivalue_line("markers", "gate: a qualification gate (select the gate suite with -m gate)")
     config.addinivalue_line("markers", MARKER_HELP)
+    for line in quiet.pytest_filters():
+        config.addinivalue_line("filterwarnings", line)
     settings = Settings.read(config)
     if settings.freeze:
         if getattr(config, "workerinput", None) is not None or _xdist_workers(config):
@@ -177,6 +182,8 @@ def pytest_report_header(config):
     h3 = config.stash.get(SESSION_KEY, None)
     if h3 is None:
         return None
+    if not h3.thresholds.is_dir():
+        return f"h3 thresholds: {h3.missing_thresholds()}"
     try:
         status = h3.thresholds_status()
     except Exception as error:  # a header never stops a run; the gates say what is wrong
@@ -275,7 +282,7 @@ def h3_generation(request, h3_session):
     from h3gate.generation import contract as generation_contract
     from h3gate.generation.contract import SUFFIX
     from pytest_h3.gate_runner import failing_in_one_line
-    from pytest_h3.progress import Terminal
+    from pytest_h3.progress import terminal
 
     made = request.node.stash.setdefault(GENERATIONS, [])
 
@@ -289,7 +296,7 @@ def h3_generation(request, h3_session):
             mode = numerics.PROVIDER if provider else numerics.get(role, h3_session.device)
             result = generation.run_generation(
                 h3_session.model, loaded, seed, h3_session.device, h3_session.out, workflow=workflow, mode=mode,
-                candidate=h3_session.candidate if role == CANDIDATE else None, progress=Terminal(request.config),
+                candidate=h3_session.candidate if role == CANDIDATE else None, progress=terminal(request.config),
             )
         made.append(result)
         return result
@@ -343,8 +350,37 @@ def h3_bounds(request, h3_session, record_property):
     return bounds
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session):
+    """A Ctrl-C (or a scheduler's SIGTERM) ends a session in one line of its summary for each generation it preempted,
+    "preempted at step k/N; run the same command to resume": not pytest's KeyboardInterrupt banner, nor xdist's
+    traceback of its controller's wait. A preempted item is skipped and stops its session (:mod:`pytest_h3.gate_runner`),
+    which pytest and xdist end as interrupted. Under xdist the first signal is held (:func:`pytest_h3.distribution.
+    first_signal_held`): a worker outside a generation stops after its current item, and the controller ends when its
+    workers have."""
+    h3 = session.config.stash.get(SESSION_KEY, None)
+    worker = hasattr(session.config, "workerinput")
+
+    def stop_after_the_item(signum):
+        session.shouldstop = f"stopped by {signal.Signals(signum).name}"
+
+    holding = worker or _xdist_workers(session.config)
+    with distribution.first_signal_held(stop_after_the_item if worker else None) if holding \
+            else contextlib.nullcontext([]) as received:
+        try:
+            return (yield)
+        except KeyboardInterrupt:  # a worker's goes on to its controller, which xdist tells by the exit status
+            if h3 is None or worker or not (h3.ledger.preempted or received):
+                raise
+            h3.interrupted = signal.Signals(received[0]).name if received else "a signal"
+            session.shouldstop = False  # the summary says it, once
+            return True
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     h3 = session.config.stash.get(SESSION_KEY, None)
     if h3 is not None and not h3.finish():
         session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
+    elif h3 is not None and h3.interrupted:
+        session.exitstatus = pytest.ExitCode.INTERRUPTED

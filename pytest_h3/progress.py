@@ -32,11 +32,20 @@ class Terminal:
         return sys.stderr.isatty()
 
 
+def terminal(config) -> Terminal | None:
+    """The stream the engine's bars and notes go to, or None in an xdist worker: workers share the controller's
+    terminal, where their bars would interleave with each other's and with pytest's progress (what a worker's
+    generation did, resumed or preempted, reaches the session's summary through its results)."""
+    return None if hasattr(config, "workerinput") else Terminal(config)
+
+
 class Progress:
     """``with Progress(config, label, total) as bar: bar.step("phase")`` - one tick per finished phase."""
 
     def __init__(self, config, label: str, total: int):
-        self.bar = tqdm(total=total, desc=label, unit="phase", file=Terminal(config), leave=False, dynamic_ncols=True, disable=None)
+        stream = terminal(config)
+        self.bar = tqdm(total=total, desc=label, unit="phase", file=stream, leave=False, dynamic_ncols=True,
+                        disable=True if stream is None else None)
         self.started = False
 
     def step(self, phase: str) -> None:

@@ -18,7 +18,7 @@ from h3gate.files import WriteError, write_json
 from h3gate.verdict import Check, GateResult, Provenance
 from pytest_h3 import distribution
 from pytest_h3.ledger import Ledger
-from pytest_h3.options import CANDIDATE, MODEL, OUT
+from pytest_h3.options import CANDIDATE, MODEL, OUT, THRESHOLDS
 from pytest_h3.settings import Settings
 
 SESSION_KEY = pytest.StashKey["H3Session"]()
@@ -44,6 +44,8 @@ class H3Session:
         self._candidate = None
         self.sign_key = None  # checked when the session starts (pytest_h3.settings)
         self.started = False
+        self.refused = False  # the start refused the session (a usage error): it leaves no results or evidence
+        self.interrupted: str | None = None  # the signal that stopped the session (the summary says where)
 
     @property
     def device(self) -> str:
@@ -85,6 +87,36 @@ class H3Session:
         if self._model is not None:
             return ModelRef(self._model.source, self._model.identity)
         return ModelRef(model_source(self.settings.model, self.settings.model_seed))
+
+    def missing_thresholds(self) -> str:
+        """Why the thresholds folder is not there, and how to point at the right one: without --h3-thresholds it is
+        ``<rootdir>/thresholds``, and pytest's rootdir is the folder of its configuration file, else of the paths
+        given, so a run from a subfolder of a repository without one looks in the subfolder."""
+        if self.settings.thresholds_option:
+            return f"{self.thresholds} does not exist ({THRESHOLDS})"
+        config, root = self.config.inipath, self.config.rootpath
+        why = (f"the folder of pytest's configuration {config}" if config else
+               "the folder of the paths given, as pytest found no configuration file")
+        return (f"{self.thresholds} does not exist: it is <rootdir>/thresholds, and rootdir {root} is {why}; run pytest "
+                "from the folder holding thresholds/, pass --h3-thresholds, or set the repository up with h3gate init "
+                "(its pytest.ini makes the repository's root the rootdir from every subfolder)")
+
+    def next_after_freezing(self) -> str:
+        """What comes after a freeze: the command of the next file the checked gates still miss, else the command
+        that checks a candidate with them (:func:`h3gate.status.check_command`)."""
+        from h3gate import status, suite
+        from h3gate.evidence.profiles import profile
+
+        settings = self.settings
+        gates = {requirement.gate for requirement in profile(status.CHECKED_PROFILE).requirements}
+        report = status.status(self.thresholds, settings.model, self.device, gates=gates,
+                               shown=settings.thresholds_option)
+        todo = [row for row in report.rows if row.state != status.PRESENT]
+        if todo:
+            return f"next, {todo[0].file} ({len(todo)} file(s) to go; h3gate status lists them): {todo[0].command}"
+        command = status.check_command(suite.recorded(self.thresholds), settings.model,
+                                       status.device_option(report.device_class), settings.thresholds_option)
+        return f"every file the {', '.join(sorted(gates))} gates read is frozen and locked; next, check a candidate: {command}"
 
     def thresholds_status(self):
         """The state of the frozen files that the gates of the session's completeness profile read, for its model on
@@ -154,16 +186,29 @@ class H3Session:
     # Session start and end ------------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Refuse at once what would fail every gate: a tampered thresholds folder, a candidate that cannot be built."""
+        """Refuse at once what would fail every gate: a tampered thresholds folder, a candidate that cannot be built, an
+        --h3-out whose evidence this session's could not join. A refused session writes no results or evidence."""
         if self.started:
             return
         self.started = True
+        self.refused = True
+        self._start()
+        self.refused = False
+
+    def _start(self) -> None:
         import pytest_h3.gate_runner  # noqa: F401  the engine (torch, diffusers), which every gate item needs: paid here,
         import pytest_h3.session_evidence  # noqa: F401  once, not by the first item
         self.share_host_threads()
         self.verify_thresholds()
         if not self.freezing:
-            self.candidate
+            problem = self.candidate.cannot_run(self.model_config())
+            if problem:
+                raise pytest.UsageError(f"{CANDIDATE}={self.settings.candidate} cannot run {MODEL}="
+                                        f"{self.settings.model}: {problem}; qualify it on a model it supports")
+            if getattr(self.config, "workerinput", None) is None:  # the controller writes the evidence
+                from pytest_h3.session_evidence import check_joinable
+
+                check_joinable(self)
 
     def share_host_threads(self) -> None:
         """A session whose gates run on the CPU computes with one thread (:func:`h3gate.numerics.one_cpu_thread`), so
@@ -196,8 +241,15 @@ class H3Session:
             workeroutput["h3"] = self.ledger.worker_output()
             return True
         outcomes = self.ledger.final_outcomes()
-        if self.freezing or not outcomes:
-            return True
+        self.summary += [f"{nodeid}: {line}" for nodeid, line in sorted(self.ledger.preempted.items())]
+        if self.interrupted and not self.ledger.preempted:
+            self.summary.append(f"stopped by {self.interrupted} after the items that were running: run the same "
+                                "command to run the rest")
+        self.summary += resumed(self.ledger.results)
+        if self.freezing and self.frozen_here:
+            self.summary.append(self.next_after_freezing())
+        if self.freezing or self.refused or all(outcome.outcome == "deselected" for outcome in outcomes.values()):
+            return True  # nothing to add: no gate item ran
         from h3gate.gates.passes import one_line
         from pytest_h3.session_evidence import write_session_evidence
 
@@ -222,6 +274,24 @@ class H3Session:
 
     def gate(self, kind, params, options, node, record_property, artifacts=dict) -> "GateItem":
         return GateItem(self, kind, params, options, node, record_property, artifacts)
+
+
+def resumed(results: dict[str, dict]) -> list[str]:
+    """A line for each generation of the results that resumed a run an earlier session had cut short: which, and at
+    which step (the steps before it were replayed from the run's saved steps)."""
+    lines = []
+
+    def walk(nodeid: str, value) -> None:
+        if isinstance(value, dict):
+            if value.get("resumed_at_step"):
+                lines.append(f"{nodeid}: resumed {value['run_folder']} at step {value['resumed_at_step']}, the steps "
+                             "before it replayed as saved")
+            for child in value.values():
+                walk(nodeid, child)
+
+    for nodeid, result in sorted(results.items()):
+        walk(nodeid, result.get("context", {}))
+    return lines
 
 
 class GateItem:
@@ -269,6 +339,7 @@ class GateItem:
             variant_names=settings.variant_names, force_reason=settings.freeze_force,
             kernel_examples=settings.kernel_examples, verify_last_step=settings.verify_last_step,
             required_override=settings.skip_model_gate, progress=self.progress, stream=self.progress_stream(),
+            model_spec=settings.model,
         )
 
     def bounds(self):
@@ -278,23 +349,43 @@ class GateItem:
 
         module = registry.REGISTRY[self.kind].module
         gate_run = self.gate_run()
-        if module.bounds_file(gate_run) is None:
+        path = module.bounds_file(gate_run)
+        if path is None:
             raise bounds_mod.BoundsError(f"the {self.kind} gate freezes no bounds")
         try:
             return module.load_bounds(gate_run)
         except bounds_mod.BoundsError as error:
-            raise bounds_mod.BoundsError(f"{error}; freeze them with the {self.kind} gate's test, e.g. "
-                                         f"{self.freeze_command('tests/gates')}") from None
+            raise bounds_mod.BoundsError(f"{error}; freeze them with the {self.kind} gate's test: "
+                                         f"{self.freeze_command(self.freezer(path))}") from None
 
-    def freeze_command(self, target: str) -> str:
-        from h3gate.status import freeze_command
+    def freezer(self, path: Path) -> list[str]:
+        """The pytest arguments that select the item freezing ``path``: the gate suite's (:mod:`h3gate.suite`); else
+        this test, where it is an item of the gate (a team's threshold); else every gate test (a contract of the
+        team's own, which no item of the suite names)."""
+        from h3gate import status, suite
+        from h3gate.model.spec import num_layers
+
+        thresholds = self.session.thresholds
+        item = status.freezing_item(path.relative_to(thresholds).as_posix(), self.session.model_name,
+                                    path.parent.name, num_layers(self.session.settings.model))
+        if item is not None:
+            return suite.targets(suite.recorded(thresholds), item)
+        marker = self.node.get_closest_marker("h3_gate")
+        return [self.node.nodeid] if marker is not None and marker.args[:1] == (self.kind,) else suite.targets(None, "")
+
+    def freeze_command(self, targets: list[str]) -> str:
+        from h3gate.commands import freeze_command
 
         settings = self.session.settings
-        return freeze_command(target, settings.model, settings.device, settings.thresholds_option)
+        return freeze_command(targets, settings.model, settings.device, settings.thresholds_option)
 
     def missing_bounds(self, error: Exception) -> GateResult:
-        """Missing or unusable bounds fail the gate and say exactly how to freeze them."""
-        reason = f"{error}; freeze them with: {self.freeze_command(self.node.nodeid)}"
+        """Missing or unusable bounds fail the gate and say exactly how to freeze them (or where the thresholds folder
+        was looked for, when it is not there at all)."""
+        if not self.session.thresholds.is_dir():
+            reason = f"{error}: {self.session.missing_thresholds()}"
+        else:
+            reason = f"{error}; freeze them with: {self.freeze_command([self.node.nodeid])}"
         return GateResult(self.kind, self.params, [Check.failed("bounds", "missing", reason)])
 
     def frozen(self, frozen) -> GateResult:
@@ -307,10 +398,11 @@ class GateItem:
                           provenance=Provenance(bounds_file=str(frozen.path)))
 
     def progress_stream(self):
-        """A text stream to the terminal past pytest's capture, for tqdm bars the engine draws itself."""
-        from pytest_h3.progress import Terminal
+        """A text stream to the terminal past pytest's capture, for tqdm bars the engine draws itself (none in an xdist
+        worker)."""
+        from pytest_h3.progress import terminal
 
-        return Terminal(self.session.config)
+        return terminal(self.session.config)
 
     def progress(self, total: int | None):
         from pytest_h3.progress import Progress

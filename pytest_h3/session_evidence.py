@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+from datetime import datetime, timezone
 from pathlib import Path
 
+import pytest
 import torch
 
 from h3gate.evidence import environment, profiles
@@ -56,13 +58,34 @@ def _files(results: dict, thresholds: Path, model_name: str) -> list[Path]:
     return sorted(path for path in files if path.is_file())
 
 
-# The JUnit XML the evidence digests: a copy of this session's, since pytest rewrites --junitxml in every session,
-# an interrupted one too, which would leave the earlier evidence naming a file that changed under it.
-EVIDENCE_JUNIT = "evidence-junit.xml"
+# Each session's own files the evidence digests, kept under sessions/<UTC time>-<run id>/ of --h3-out: results.json and
+# pytest's JUnit XML are rewritten by every session (pytest rewrites --junitxml even in an interrupted one), and the
+# evidence of the folder, which joins every session's tests, must keep naming files that do not change under it.
+SESSIONS = "sessions"
+
+
+def session_record(session, results_path: Path, facts: dict) -> list[Path]:
+    """This session's results and JUnit XML (redacted as the statement is), copied under ``sessions/<id>/`` of
+    --h3-out: the files its tests' evidence digests."""
+    from h3gate.evidence import redaction, statement
+
+    started = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S.%fZ")  # sessions sort by time, to the microsecond
+    folder = Path(session.out) / SESSIONS / f"{started}-{session.run_id[:8]}"
+    kept = [statement.keep_copy(results_path, folder / "results.json")]
+    junit = session.config.getoption("xmlpath", None)
+    if junit and Path(junit).is_file():
+        if Path(session.out).resolve() in Path(junit).resolve().parents:
+            redaction.redact_xml(Path(junit), facts)
+            kept.append(statement.keep_copy(Path(junit), folder / "junit.xml"))
+        else:
+            session.summary.append(f"{junit} is not evidence: only files under {OUT} are (--junitxml=OUT/junit.xml)")
+    return kept
 
 
 def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
-    from h3gate.evidence import redaction, statement  # loads cryptography (signing): only where evidence is written
+    """The session's statement, joined to the evidence earlier sessions left in --h3-out
+    (:func:`h3gate.evidence.accumulate.accumulate`) and sealed there."""
+    from h3gate.evidence import accumulate, statement  # loads cryptography (signing): only where evidence is written
 
     results = session.ledger.results
     contexts = [r.get("context", {}) for r in results.values()]
@@ -71,32 +94,98 @@ def write_session_evidence(session, results_path: Path, outcomes: dict) -> Path:
         model = {"name": session.model.name, "identity": session.model.identity, "source": session.model.source}
     candidate = next((c["candidate"] for c in contexts if "candidate" in c), None) or session.candidate.identity()
     facts = environment.collect()
-    extra = [results_path]
-    junit = session.config.getoption("xmlpath", None)
-    if junit and Path(junit).is_file():
-        if Path(session.out).resolve() in Path(junit).resolve().parents:
-            redaction.redact_xml(Path(junit), facts)
-            extra.append(statement.keep_copy(Path(junit), Path(session.out) / EVIDENCE_JUNIT))
-        else:
-            session.summary.append(f"{junit} is not evidence: only files under {OUT} are (--junitxml=OUT/junit.xml)")
-    key = session.sign_key
-    path, sealed = statement.write_evidence(
-        session.out,
+    built = statement.build_statement(
         results,
         outcomes,
         profiles.profile(session.settings.profile),
-        _artifacts(results, extra),
+        _artifacts(results, session_record(session, results_path, facts)),
+        session.out,
         session.thresholds,
         _files(results, session.thresholds, model["name"]),
         model,
         candidate,
         facts,
-        key,
     )
+    key = session.sign_key
+    path, joined = accumulate.add_session(session.out, built, key, session.thresholds)
     if key is None:
         session.summary.append(f"evidence is UNSIGNED: pass {SIGN_KEY} or set H3GATE_SIGN_KEY to sign it")
-    session.summary.append(verdict_line(sealed))
+    ours = built["predicate"]["h3"]["tests"]
+    kept = [nodeid for nodeid, test in joined["predicate"]["h3"]["tests"].items() if ours.get(nodeid) != test]
+    if kept:
+        session.summary.append(f"evidence keeps {len(kept)} gate item{'s' if len(kept) > 1 else ''} of earlier "
+                               f"sessions in {session.out} (a session adds to the evidence of its {OUT})")
+    session.summary.append(verdict_line(joined))
+    session.summary.append(f"verify it: {verify_command(session, path, joined)}")
     return path
+
+
+def check_joinable(session) -> None:
+    """At session start, before any gate runs: refuse an --h3-out whose evidence this session's could not join at its
+    end (:func:`h3gate.evidence.accumulate.accumulate`), for what can be told now: another signing key (or none),
+    another h3gate, candidate or model, bounds or contracts frozen again since. The folder's evidence is never
+    replaced by a session's that cannot join it."""
+    from h3gate.bounds import read_lock
+    from h3gate.evidence.signing import EVIDENCE_NAME, EvidenceError, keyid, open_envelope
+    from h3gate.evidence.statement import statement_of, tool
+    from h3gate.evidence.verify import check_locked
+
+    path = Path(session.out) / EVIDENCE_NAME
+    if not path.exists():
+        return
+    try:
+        envelope = open_envelope(path)
+        statement = statement_of(envelope)
+    except EvidenceError as error:
+        raise pytest.UsageError(f"{OUT}={session.out}: {path} is not evidence a session can join ({error.reason}): "
+                                f"move it away, or give another {OUT}") from None
+    h3 = statement["predicate"]["h3"]
+    roles = {entry["annotations"]["role"]: entry["name"] for entry in statement["predicate"]["configuration"]}
+    key, writer, own = session.sign_key, h3["tool"], tool()
+    candidate = f"candidate:{session.candidate.identity()['name']}"
+    problem = None
+    if key is None and envelope.signatures:
+        problem = f"it is signed (keyid {envelope.signed_by()[0][:16]}) and this session has no key: pass that key " \
+                  f"with {SIGN_KEY}"
+    elif key is not None and keyid(key.public_key()) not in envelope.signed_by():
+        signer = f"signed by keyid {envelope.signed_by()[0][:16]}" if envelope.signatures else "unsigned"
+        problem = f"it is {signer}, and this session's key (keyid {keyid(key.public_key())[:16]}) must not vouch for " \
+                  "what it did not sign"
+    elif (writer["version"], writer["source_sha256"]) != (own["version"], own["source_sha256"]):
+        problem = f"h3gate {writer['version']} source {writer['source_sha256'][:16]} wrote it, this is h3gate " \
+                  f"{own['version']} source {own['source_sha256'][:16]}"
+    elif roles["candidate"] != candidate:
+        problem = f"it qualifies {roles['candidate']}, this session {candidate}"
+    elif roles["model"] != f"model:{session.model_name}":
+        problem = f"it qualifies {roles['model']}, this session model:{session.model_name}"
+    else:
+        try:
+            check_locked(statement, read_lock(session.thresholds), session.thresholds)
+        except EvidenceError as error:  # bounds or contracts frozen again since: its items measured against others
+            problem = f"its items were measured against other bounds or contracts: {error.reason}"
+    if problem:
+        raise pytest.UsageError(f"{OUT}={session.out} holds evidence this session's could not join ({problem}): "
+                                f"give another {OUT}, or move {path} away to start anew")
+
+
+def verify_command(session, path: Path, statement: dict) -> str:
+    """The ``h3gate verify`` of the evidence just written, against this session's thresholds and profile: with the
+    public key beside a signing key ``h3gate keygen`` made, ``--allow-unsigned`` for unsigned evidence."""
+    import shlex
+
+    from h3gate.evidence.signing import PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, keyid
+
+    thresholds = Path(os.path.relpath(session.thresholds)) if session.thresholds.is_absolute() else session.thresholds
+    parts = ["h3gate", "verify", str(path), f"--thresholds={thresholds}",
+             f"--profile={statement['predicate']['h3']['profile']['name']}"]
+    key = session.settings.sign_key
+    public = Path(key).with_name(PUBLIC_KEY_NAME) if key and Path(key).name == PRIVATE_KEY_NAME else None
+    if session.sign_key is None:
+        return shlex.join([*parts, "--allow-unsigned"])
+    if public is not None and public.is_file():
+        return shlex.join([*parts, f"--key={public}"])
+    return f"{shlex.join(parts)} --key=PUBLIC.pem, PUBLIC.pem holding the public key of keyid " \
+        f"{keyid(session.sign_key.public_key())[:16]}"
 
 
 def verdict_line(statement: dict) -> str:

@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from h3gate import status as status_mod
+from h3gate import suite as suite_mod
 from h3gate.bounds import lock_files
 from h3gate.cli import main
 from h3gate.model import spec as model_spec
@@ -33,9 +34,12 @@ TINY_FILES = [  # in the registry's order of gates
 ]
 
 
-def locked_contracts(thresholds, model="tiny", contracts=CONTRACTS):
-    """A thresholds folder holding the committed tiny contracts, locked with the project's own helper."""
+def locked_contracts(thresholds, model="tiny", contracts=CONTRACTS, suite="tests/gates"):
+    """A thresholds folder holding the committed tiny contracts, locked with the project's own helper, and the record
+    of its gate suite (this repository's, unless told)."""
     (thresholds / model).mkdir(parents=True)
+    if suite is not None:
+        (thresholds / suite_mod.RECORD).write_text(suite_mod.record_text(suite))
     for name in contracts:
         shutil.copy(THRESHOLDS / "tiny" / name, thresholds / model / name)
     lock_files(thresholds, [thresholds / model / name for name in contracts])
@@ -114,6 +118,19 @@ def test_the_default_thresholds_folder_is_not_repeated_in_commands(tmp_path, mon
         "pytest tests/gates/test_model.py::test_model --h3-freeze --h3-model=tiny --h3-device=cpu")
     assert rows["tiny/cpu/generation-bounds.json"].command == (
         "pytest tests/gates/test_generation.py::test_generation --h3-freeze --h3-model=tiny --h3-device=cpu")
+
+
+def test_commands_name_the_tests_of_the_repositorys_own_suite(tmp_path):
+    """A suite file of the repository's own (h3gate init's): each freeze command names its test; without a recorded
+    suite, every gate test of the repository (-m gate), never a path of another repository."""
+    rows = {row.file: row for row in status_mod.status(
+        locked_contracts(tmp_path / "own", suite="qual/test_h3_gates.py"), "tiny", "cpu").rows}
+    assert rows["tiny/cpu/block1-bounds.json"].command.startswith(
+        "pytest 'qual/test_h3_gates.py::test_block[block1]' --h3-freeze --h3-model=tiny --h3-device=cpu")
+    assert rows["tiny/cpu/model-bounds.json"].command.startswith("pytest qual/test_h3_gates.py::test_model --h3-freeze")
+    none = {row.file: row for row in status_mod.status(locked_contracts(tmp_path / "none", suite=None), "tiny", "cpu").rows}
+    assert none["tiny/cpu/block1-bounds.json"].command.startswith("pytest -m gate --h3-freeze --h3-model=tiny")
+    assert not any("tests/gates" in row.command for row in none.values())
 
 
 def test_the_cli_exit_code_says_whether_everything_is_present_and_locked(tmp_path, capsys):

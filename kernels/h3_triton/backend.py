@@ -42,6 +42,8 @@ class H3Triton(ProgramCandidate):
     """Triton kernels for every op of the MiniMax-H3 block; ``provider_groups`` (``a+b``) run as the provider."""
 
     name = "h3_triton"
+    supports = {"dtypes": tuple(str(dtype).removeprefix("torch.") for dtype in attention.DTYPES),
+                "head_dim": attention.HEAD_DIMS}  # the attention kernel's
 
     def __init__(self, provider_groups: str = ""):
         super().__init__(KERNEL_OPS, tuple(filter(None, provider_groups.replace(",", "+").split("+"))))

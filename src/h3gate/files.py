@@ -7,11 +7,14 @@ keys, so a bounds file diffs readably in review.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import signal
 import stat
 import tempfile
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -132,8 +135,19 @@ class WriteError(OSError):
     """A file could not be written (full disk, no permission); nothing half-written was left behind."""
 
 
-def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
-    """Write ``data`` to ``path`` through a temporary file, fsync and rename."""
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+UMASK = _umask()  # read once: os.umask can only be read by setting it, which other threads would see
+
+
+def write_atomic(path: str | os.PathLike, data: bytes | str, mode: int | None = None) -> None:
+    """Write ``data`` to ``path`` through a temporary file, fsync and rename. The file gets ``mode``, by default the
+    one it had, or for a new file the one ``open`` would give it (mkstemp's own, 0600, would hide a repository's files
+    from its other users); set before any byte is written."""
     path = Path(path)
     if isinstance(data, str):
         data = data.encode()
@@ -141,6 +155,9 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
+        if mode is None:
+            mode = stat.S_IMODE(path.stat().st_mode) if path.exists() else 0o666 & ~UMASK
+        os.fchmod(handle, mode)
         with os.fdopen(handle, "wb") as stream:
             stream.write(data)
             stream.flush()
@@ -157,6 +174,26 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
         if temporary is not None:
             Path(temporary).unlink(missing_ok=True)
         raise
+
+
+@contextlib.contextmanager
+def signals_deferred():
+    """SIGINT and SIGTERM held until the block ends, then delivered: files that must agree with each other (an evidence
+    envelope and its SHA256SUMS) are written whole or not at all by a Ctrl-C. Only the main thread receives signals;
+    elsewhere the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = {signum: signal.signal(signum, lambda signum, frame: received.append(signum))
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for signum in dict.fromkeys(received):
+            signal.raise_signal(signum)
 
 
 def write_json(path: str | os.PathLike, value) -> None:

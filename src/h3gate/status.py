@@ -17,7 +17,8 @@ from collections.abc import Collection
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from h3gate.model.presets import LAYERS_VARIABLE, RELEASE, RELEASE_CONFIG, TRANSFORMER_CONFIGS, release_layers
+from h3gate.commands import contracts_command, freeze_command, lock_command, pytest_command
+from h3gate.model.presets import RELEASE, TRANSFORMER_CONFIGS
 from h3gate.model.spec import model_name, num_layers
 
 PRESENT = "present and locked"
@@ -31,23 +32,24 @@ DEFAULT_THRESHOLDS = "thresholds"
 # Commands ---------------------------------------------------------------------------------------------
 
 
-def freeze_command(target: str, model: str, device: str, thresholds: str | Path | None = None, force: bool = False) -> str:
-    """The exact command that freezes the bounds of the gate items ``target`` (a test file or node id) selects."""
-    parts = ["pytest", target, "--h3-freeze", f"--h3-model={model}", f"--h3-device={device}"]
-    if model == RELEASE and release_layers() != RELEASE_CONFIG["num_layers"]:  # the partial model of this shell
-        parts.insert(0, f"{LAYERS_VARIABLE}={release_layers()}")
-    if thresholds:
-        parts.append(f"--h3-thresholds={thresholds}")
-    if force:
-        parts.append("--h3-freeze-force=REASON")
-    return " ".join(shlex.quote(str(part)) for part in parts)
+# The profile whose gates read the frozen files: what a folder with all of them present can be checked for.
+CHECKED_PROFILE = "checkpoint"
 
 
-def lock_command(path: Path, thresholds: str | Path | None) -> str:
-    parts = ["h3gate", "lock", str(path)]
-    if thresholds:
-        parts.append(f"--thresholds={thresholds}")
-    return " ".join(shlex.quote(part) for part in parts)
+def check_command(suite: str | None, model: str, device: str, thresholds: str | Path | None = None) -> str:
+    """The command that checks a candidate with every gate test of ``suite`` that reads frozen files (block, model,
+    generation), for the completeness profile of those gates (:data:`CHECKED_PROFILE`; the kernel gate, which
+    reads none, is another run's)."""
+    from h3gate.gates import REGISTRY
+    from h3gate.evidence.profiles import profile
+    from h3gate.suite import targets
+
+    gates = {requirement.gate for requirement in profile(CHECKED_PROFILE).requirements}
+    items = [frozen.item.partition("[")[0] for gate in REGISTRY.values() if gate.name in gates
+             for frozen in gate.frozen if frozen.item]
+    selected = [target for item in dict.fromkeys(items) for target in targets(suite, item)]
+    return pytest_command(list(dict.fromkeys(selected)), [], model, device, thresholds,
+                           [f"--h3-profile={CHECKED_PROFILE}"])
 
 
 def device_option(device_class: str) -> str:
@@ -142,12 +144,20 @@ def _expected(model: str, device_class: str, layers: int) -> list[tuple[str, str
     return rows
 
 
+def freezing_item(relative: str, model: str, device_class: str, layers: int) -> str | None:
+    """The gate-suite item (``<file>::<test>``) whose freeze writes the file ``relative`` (to the thresholds folder),
+    or None where no registered gate declares it."""
+    return next((item for _, path, kind, item in _expected(model, device_class, layers)
+                 if path == relative and kind != "contract"), None)
+
+
 def _command(relative: str, kind: str, item: str, state: str, model: str, device: str, shown: str | None,
-             present: set[str]) -> str:
+             present: set[str], suite: str | None) -> str:
     """What makes one file present and locked: lock a contract; freeze bounds (and a block's capture with them)."""
+    from h3gate.suite import targets
+
     if kind == "contract" and state == MISSING:  # the defaults for the model, written and locked
-        parts = ["h3gate", "contracts", f"--model={model}"] + ([f"--thresholds={shown}"] if shown else [])
-        return " ".join(shlex.quote(part) for part in parts)
+        return contracts_command(model, shown)
     if kind == "contract":
         return lock_command(Path(shown or DEFAULT_THRESHOLDS) / relative, shown) + "  (if the edit is meant; else restore it)"
     bounds = relative.replace("-capture.safetensors", "-bounds.json")
@@ -158,25 +168,29 @@ def _command(relative: str, kind: str, item: str, state: str, model: str, device
             parts.append(f"--model={model}")
         return " ".join(shlex.quote(part) for part in parts)
     # Bounds that exist are re-frozen only with a recorded reason.
-    return freeze_command(item, model, device, shown, force=state == STALE)
+    return freeze_command(targets(suite, item), model, device, shown, force=state == STALE)
 
 
 def status(thresholds: str | Path = DEFAULT_THRESHOLDS, model: str = "tiny", device: str | None = None,
-           device_class: str | None = None, digest=None, gates: Collection[str] | None = None) -> Status:
+           device_class: str | None = None, digest=None, gates: Collection[str] | None = None,
+           shown: str | None = ...) -> Status:
     """The state of every file ``model``'s gates (or those of ``gates`` only) read on ``device`` (default: cuda
     when visible, else cpu).
 
-    ``thresholds`` appears in the commands as given (relative stays relative); ``device_class`` overrides the
+    ``thresholds`` appears in the commands as given (relative stays relative), or as ``shown`` says (None: the
+    default folder, named by no option; a pytest session reads an absolute path); ``device_class`` overrides the
     one of ``device`` (a folder frozen on another machine's GPU); ``digest`` (default: sha256 of the file) lets a
     caller that asks often use cached digests of large files (release-size captures are 0.8 GB a block)."""
     from h3gate.bounds import read_lock
     from h3gate.files import FileFormatError, sha256_file
+    from h3gate.suite import recorded
 
     digest = digest or sha256_file
 
     device = device or default_device(model)
     device_class = device_class or device_class_of(device)
-    shown = None if str(thresholds) == DEFAULT_THRESHOLDS else str(thresholds)
+    if shown is ...:
+        shown = None if str(thresholds) == DEFAULT_THRESHOLDS else str(thresholds)
     root = Path(thresholds)
     name = model_name(model)
     try:
@@ -185,6 +199,7 @@ def status(thresholds: str | Path = DEFAULT_THRESHOLDS, model: str = "tiny", dev
         lock, unreadable = {}, str(error)
     expected = [row for row in _expected(name, device_class, num_layers(model)) if gates is None or row[0] in gates]
     present = {relative for _, relative, _, _ in expected if (root / relative).is_file()}
+    suite = recorded(root)
     rows = []
     for gate, relative, kind, item in expected:
         detail = ""
@@ -199,6 +214,6 @@ def status(thresholds: str | Path = DEFAULT_THRESHOLDS, model: str = "tiny", dev
         else:
             state = PRESENT
         command = "" if state == PRESENT else _command(
-            relative, kind, item, state, model, device_option(device_class), shown, present)
+            relative, kind, item, state, model, device_option(device_class), shown, present, suite)
         rows.append(Row(gate, relative, state, command, detail))
     return Status(name, device_class, root, rows)

@@ -70,7 +70,8 @@ def test_identity_pins_the_package_of_every_installed_function():
     [
         ({"softmax": swiglu}, {}, r"replaces unknown op\(s\) \['softmax'\]; ops: linear"),
         ({}, {}, r"replaces unknown op\(s\) none"),
-        ({"swiglu": swiglu}, {"heads": [1]}, r"unknown support key\(s\) \['heads'\]; keys: dtypes"),
+        ({"swiglu": swiglu}, {"heads": [1]}, r"unknown support key\(s\) \['heads'\]; keys: dtypes, head_dim"),
+        ({"swiglu": swiglu}, {"head_dim": [0]}, r"supports head_dim \[0\]: give a list of head sizes"),
         ({"swiglu": swiglu}, {"dtypes": ["bf16"]}, r"supports dtypes \['bf16'\]: give a list of torch dtype names"),
     ],
 )
@@ -82,5 +83,9 @@ def test_a_bad_table_is_refused_where_it_is_declared(ops, supports, message):
 def test_cli_lists_ops_supports_and_options(registered, capsys):
     assert main(["candidates"]) == 0
     out = capsys.readouterr().out
-    assert "my-swiglu\n  ops: chosen by its options\n  supports: dtypes=bfloat16\n" in out
+    assert "my-swiglu\n  ops: swiglu (at the default options)\n  supports: dtypes=bfloat16\n" in out
     assert "  option slope (float, default 1.0): gate slope of the kernel" in out
+    assert "h3_triton\n  Triton kernels for every op of the MiniMax-H3 block; provider_groups (a+b) run as the provider." \
+        "\n  supports: dtypes=bfloat16+float32; head_dim=32+64+128\n  option provider_groups (default '')\n" in out
+    assert "mutant\n  mutant:<name>: the base candidate with one op replaced by its mutant." in out
+    assert "provider\n  The provider itself: the block program over the provider's ops" in out

@@ -160,7 +160,7 @@ def test_verify_usage_errors(tmp_path, keys, capsys):
     run = make_run(tmp_path)
     path = run.write(tmp_path)
     code, _, err = verify(capsys, path, "--allow-unsigned", "--profile", "nightly")
-    assert code == 2 and "profiles: ci, model-block, release" in err
+    assert code == 2 and "profiles: checkpoint, ci, model-block, release" in err
     code, _, err = verify(capsys, path, "--key", keys[0])  # the private key where the public one goes
     assert code == 2 and "holds no PEM public key" in err
 

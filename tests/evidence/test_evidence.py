@@ -20,11 +20,14 @@ from cryptography.hazmat.primitives.asymmetric.rsa import generate_private_key
 
 from conftest import ROOT
 from evidence_runs import (
-    CANDIDATE, HALVES, HOME, ITEMS, MODEL, MODEL_ONLY, make_run, reseal_sums, rewrite_payload, statement_of,
+    CANDIDATE, ENVIRONMENT, HALVES, HOME, ITEMS, MODEL, MODEL_ONLY, make_run, reseal_sums, rewrite_payload,
+    statement_of,
 )
 from h3gate.bounds import lock_files
 from h3gate.evidence import environment, profiles, signing
+from h3gate.evidence.accumulate import add_session
 from h3gate.evidence.merge import merge
+from h3gate.evidence.statement import build_statement
 from h3gate.evidence.signing import EvidenceError
 from h3gate.evidence.verify import verify
 from h3gate.files import sha256_bytes, sha256_file
@@ -273,6 +276,20 @@ def test_a_skipped_gate_the_profile_does_not_require_leaves_ci_passed(tmp_path):
         verify(path, required=profiles.PROFILES["release"])
 
 
+def test_a_checkpoint_whose_kernels_another_run_qualified_passes_the_checkpoint_profile(tmp_path):
+    """Block, model and generation gates on a checkpoint, without its kernel gate: PASSED for the checkpoint profile,
+    INCOMPLETE for release, which needs the kernel gate too."""
+    kernel = "tests/gates/test_kernel.py::test_kernel"
+    run = make_run(tmp_path)
+    path = run.write(tmp_path, nodeids=[n for n in ITEMS if n != kernel], required=profiles.PROFILES["checkpoint"])
+    assert verify(path).result == "PASSED"
+    with pytest.raises(EvidenceError, match="incomplete for profile release: kernel: no test item"):
+        verify(path, required=profiles.PROFILES["release"])
+    missing_seed = [n for n in ITEMS if n != kernel and not n.endswith("[seed44]")]
+    with pytest.raises(EvidenceError, match="incomplete for profile checkpoint: generation.seed=44."):
+        verify(run.write(tmp_path / "short", nodeids=missing_seed, required=profiles.PROFILES["checkpoint"]))
+
+
 def test_a_crash_of_any_gate_item_is_incomplete_even_when_not_required(tmp_path):
     run = make_run(tmp_path, outcome={"tests/gates/test_kernel.py::test_kernel": "error"})
     predicate = statement_of(run.write(tmp_path, required=MODEL_ONLY))["predicate"]
@@ -313,7 +330,7 @@ def test_the_ci_profile_requires_every_gate_the_tiny_suite_runs():
 
 
 def test_unknown_profile_names_the_profiles():
-    with pytest.raises(ValueError, match="profiles: ci, model-block, release"):
+    with pytest.raises(ValueError, match="profiles: checkpoint, ci, model-block, release"):
         profiles.profile("nightly")
 
 
@@ -488,6 +505,70 @@ def test_a_signing_merge_refuses_unsigned_or_foreign_shards(run, key):
     with pytest.raises(EvidenceError) as error:
         merge([signed, foreign], run.root, key)
     assert error.value.kind == "signature"
+
+
+# Accumulating the sessions of one folder -------------------------------------------------------------------
+
+
+def session(run, nodeids, **identity) -> dict:
+    """The statement a session of ``nodeids`` builds in the run's folder, its artifacts in place."""
+    return build_statement(
+        {n: run.results[n] for n in nodeids if n in run.results}, {n: run.outcomes[n] for n in nodeids},
+        profiles.PROFILES["release"], [run.artifacts[n] for n in nodeids if n in run.artifacts], run.root,
+        run.thresholds, run.files, identity.get("model", MODEL), identity.get("candidate", CANDIDATE), ENVIRONMENT)
+
+
+def test_sessions_into_one_folder_join_as_one_session_of_every_item(run, key):
+    single = session(run, list(ITEMS))
+    add_session(run.root, session(run, HALVES[0]), key, run.thresholds)
+    path, joined = add_session(run.root, session(run, HALVES[1]), key, run.thresholds)
+    assert without_timings(joined) == without_timings(single), "redacted fields included, indexed as one session's"
+    assert verify(path, [key.public_key()], run.thresholds).result == "PASSED"
+
+
+def test_a_session_without_a_verdict_on_an_item_keeps_the_earlier_verdict(tmp_path, key):
+    model = "tests/gates/test_model.py::test_model"
+    good = make_run(tmp_path)
+    add_session(tmp_path, session(good, list(ITEMS)), key, good.thresholds)
+    crashed = make_run(tmp_path, outcome={model: "error"})
+    _, joined = add_session(tmp_path, session(crashed, [model]), key, crashed.thresholds)
+    assert joined["predicate"]["h3"]["tests"][model]["outcome"] == "passed"
+    assert joined["predicate"]["h3"]["verdict"] == "PASSED"
+    failed = make_run(tmp_path, failing=(model,))
+    path, joined = add_session(tmp_path, session(failed, [model]), key, failed.thresholds)
+    assert joined["predicate"]["h3"]["tests"][model]["outcome"] == "failed", "a verdict is a finding: the newest wins"
+    with pytest.raises(EvidenceError, match=f"1 gate test\\(s\\) failed: {model}"):
+        verify(path, [key.public_key()])
+
+
+def test_a_lost_worker_of_an_earlier_session_does_not_carry_over(tmp_path, key):
+    """A crashed xdist worker leaves an entry of its session (its item is recorded besides): the next session's
+    evidence is not incomplete for ever because of it."""
+    crashed = make_run(tmp_path)
+    crashed.outcomes["<xdist worker gw0>"] = profiles.Outcome("error", profiles.SESSION_WIDE, {"worker": "gw0"})
+    _, joined = add_session(tmp_path, session(crashed, list(crashed.outcomes)), key, crashed.thresholds)
+    assert joined["predicate"]["h3"]["verdict"] == "INCOMPLETE"
+    path, joined = add_session(tmp_path, session(make_run(tmp_path), []), key, crashed.thresholds)
+    assert "<xdist worker gw0>" not in joined["predicate"]["h3"]["tests"]
+    assert verify(path, [key.public_key()]).result == "PASSED"
+
+
+def test_a_session_that_cannot_join_leaves_the_folders_evidence_as_it_was(run, key):
+    path, _ = add_session(run.root, session(run, HALVES[0]), key, run.thresholds)
+    good = path.read_bytes()
+    other = {**CANDIDATE, "source_sha256": "11" * 32}
+    for statement, signer, message in [
+        (session(run, HALVES[1]), None, "is signed .* and this session has no key"),
+        (session(run, HALVES[1]), Ed25519PrivateKey.generate(), "no signature by a trusted key|signed by"),
+        (session(run, HALVES[1], candidate=other), key, "candidate candidate:h3_triton: sha256"),
+    ]:
+        with pytest.raises(EvidenceError, match=message):
+            add_session(run.root, statement, signer, run.thresholds)
+        assert path.read_bytes() == good
+    run.artifacts[HALVES[0][0]].write_bytes(b"changed since")
+    with pytest.raises(EvidenceError, match="no longer matches its files"):
+        add_session(run.root, session(run, HALVES[1]), key, run.thresholds)
+    assert path.read_bytes() == good
 
 
 # Environment ------------------------------------------------------------------------------------------------

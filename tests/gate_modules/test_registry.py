@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from h3gate import gates as registry, status
+from h3gate import gates as registry, status, suite
 
 TOY_GATE = '''
 """A toy gate: the candidate's SwiGLU in bfloat16 against float64, bounded by 1.5 x the provider's error."""
@@ -114,6 +114,7 @@ def test_registering_twice_or_out_of_order_is_refused():
 def test_a_toy_gate_is_one_module_and_one_registry_line(pytester, monkeypatch):
     monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))  # the toy leaves with this test
     (pytester.path / "thresholds").mkdir()
+    (pytester.path / "thresholds" / suite.RECORD).write_text(suite.record_text("."))  # the suite: the project's root
     pytester.makepyfile(toy_gate=TOY_GATE, conftest=CONFTEST + SWAPPED, test_toy=TOY_TEST)
     pytester.syspathinsert()
     args = ["-p", "no:cacheprovider", "--h3-device=cpu", "-m", "gate", "test_toy.py"]
@@ -141,7 +142,7 @@ def test_a_toy_gate_is_one_module_and_one_registry_line(pytester, monkeypatch):
     results = json.loads((pytester.path / "h3-out" / "results.json").read_text())["results"]
     assert sorted(result["gate"] for result in results.values()) == ["toy", "toy"]
 
-    caught = pytester.runpytest(*args, "--h3-candidate=swapped")
+    caught = pytester.runpytest(*args, "--h3-candidate=swapped", "--h3-out=swapped")  # its own evidence folder
     caught.assert_outcomes(failed=2)
     caught.stdout.fnmatch_lines(["E * where False = <toy gate [[]seed=1[]] FAILED 1/1 checks; worst seed1: *>.passed"])
     assert "GateResult(" not in caught.stdout.str(), "a failed assert shows the result's summary, not its fields"
@@ -194,7 +195,7 @@ def test_evidence_that_cannot_be_written_fails_the_run_and_keeps_the_results(pyt
     def disk_full(*args, **kwargs):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("h3gate.evidence.statement.write_evidence", disk_full)
+    monkeypatch.setattr("h3gate.evidence.accumulate.add_session", disk_full)
     pytester.makepyfile(greedy_gate=OOM_GATE, conftest='''
 from h3gate.gates import SEEDS, Gate, register
 

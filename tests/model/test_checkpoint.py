@@ -189,7 +189,8 @@ def test_contracts_command_writes_and_locks_the_defaults_then_status_lists_only_
     name = model_name(str(folder))
     assert json.loads((thresholds / name / "model-contract.json").read_text()) == json.loads(
         (THRESHOLDS / "tiny" / "model-contract.json").read_text()), "the tiny canvas: 32x32 over the 16x VAE"
-    assert f"pytest tests/gates/test_generation.py::test_generation_preflight --h3-freeze --h3-model={folder}" in out
+    # No gate suite is recorded in this thresholds folder: one command freezes every gate test of the repository.
+    assert f"\n  pytest -m gate --h3-freeze --h3-model={folder} --h3-device=cpu --h3-thresholds={thresholds}\n" in out
     report = status.status(thresholds, str(folder), "cpu")
     assert {row.file.rsplit("-", 1)[-1] for row in report.rows if row.state != status.PRESENT} == {
         "bounds.json", "capture.safetensors"}
@@ -215,11 +216,43 @@ def test_the_release_contracts_are_the_defaults_at_the_release_canvas():
     assert {"release/model-contract.json", "release/generation-contract.json"} <= set(verify_lock(THRESHOLDS))
 
 
+def test_the_tiny_contracts_are_the_defaults_of_the_tiny_preset():
+    from h3gate.generation.default_contracts import defaults
+
+    for name, content in defaults("tiny").items():
+        assert json.loads((THRESHOLDS / "tiny" / name).read_text()) == content, name
+
+
+def test_a_test_sized_transformer_alone_gets_a_canvas_and_steps_that_fit_it(folder, tmp_path, capsys):
+    """Without VAEs to give a canvas, a narrow transformer's contracts are the tiny preset's size, not the release
+    canvas's 37 x 48 x 84 latents and 49 steps; --canvas sets the model contract's latents."""
+    from h3gate.generation.default_contracts import defaults
+
+    only = shutil.copytree(folder / "transformer", tmp_path / "only")
+    contracts = defaults(str(only))
+    model = contracts["model-contract.json"]
+    assert (model["latent_frames"], model["latent_height"], model["latent_width"]) == (37, 2, 2)
+    assert (contracts["generation-contract.json"]["num_inference_steps"],
+            contracts["generation-contract.json"]["workflow"]) == (8, "fl2va")
+    thresholds = tmp_path / "thresholds"
+    assert main(["contracts", "--model", str(only), f"--thresholds={thresholds}", "--canvas=3x8x10"]) == 0
+    assert "the model contract packs 509 rows a sample (text 15, audio 414, video 80); a forward and backward of this " \
+        "transformer there is about " in capsys.readouterr().out, "its cost, said before the first freeze"
+    written = json.loads((thresholds / status.model_name(str(only)) / "model-contract.json").read_text())
+    assert (written["latent_frames"], written["latent_height"], written["latent_width"]) == (3, 8, 10)
+    assert main(["contracts", "--model", str(only), f"--thresholds={tmp_path / 'other'}", "--canvas=3x8"]) == 2
+    assert "--canvas 3x8: give latent frames, height and width as FxHxW" in capsys.readouterr().err
+
+
 def test_a_made_tiny_folder_passes_the_generation_gate_on_both_workflows(folder, tmp_path):
-    """Default contracts, then the model gate and the preflight generation (t2va and fl2va, seed 42) frozen and
-    checked; the prompt and keyframe encodings are made once and reused."""
+    """Default contracts, the preflight contract made to generate both workflows, then the model gate and the
+    preflight generation (t2va and fl2va, seed 42) frozen and checked; the prompt and keyframe encodings are made once
+    and reused."""
     thresholds, out = tmp_path / "thresholds", tmp_path / "out"
     assert main(["contracts", "--model", str(folder), f"--thresholds={thresholds}", "--device=cpu"]) == 0
+    preflight = thresholds / status.model_name(str(folder)) / "generation-preflight-contract.json"
+    preflight.write_text(json.dumps({**json.loads(preflight.read_text()), "workflow": ["t2va", "fl2va"]}))
+    assert main(["lock", str(preflight), f"--thresholds={thresholds}"]) == 0
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-m", "gate",
                "tests/gates/test_model.py", "tests/gates/test_generation.py::test_generation_preflight",
                f"--h3-model={folder}", "--h3-device=cpu", f"--h3-thresholds={thresholds}", f"--h3-out={out}",

@@ -7,23 +7,13 @@ import shutil
 import pytest
 
 from conftest import THRESHOLDS
+from h3gate import suite
 from h3gate.bounds import lock_files
 from h3gate.evidence.merge import merge
 from pytest_h3 import distribution
 
-SUITE = """
-import pytest
-
-@pytest.mark.h3_gate("model")
-def test_model(h3_gate):
-    result = h3_gate.run()
-    assert result.passed, result.report()
-
-@pytest.mark.h3_gate("block", blocks="all")
-def test_block(h3_gate):
-    result = h3_gate.run()
-    assert result.passed, result.report()
-"""
+SUITE = suite.text("test_gates.py", [42, 43, 44], [42])  # h3gate init's gate suite; its model and block gates run here
+MODEL_AND_BLOCKS = ("-k", "test_model or test_block")
 
 
 @pytest.fixture
@@ -42,7 +32,8 @@ def project(pytester):
 
 
 def _run(project, out, *args):
-    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--h3-candidate=provider", "--h3-device=cpu", f"--h3-out={out}", *args)
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--h3-candidate=provider", "--h3-device=cpu",
+                                          f"--h3-out={out}", *MODEL_AND_BLOCKS, *args)
     return result
 
 

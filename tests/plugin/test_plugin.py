@@ -6,6 +6,7 @@ import shutil
 import pytest
 
 from conftest import THRESHOLDS
+from h3gate import repository
 
 GATE_TEST = """
 import pytest
@@ -176,35 +177,6 @@ def test_freeze_then_check_writes_results_and_junit(project):
     assert 'name="h3_gate" value="model"' in junit and 'name="h3_bounds_sha256"' in junit
 
 
-INTERRUPTED = """
-def test_interrupted():
-    raise KeyboardInterrupt
-"""
-
-
-def test_an_interrupted_session_leaves_the_earlier_evidence_whole(project, capsys):
-    """pytest rewrites --junitxml in every session, an interrupted one too: the evidence digests a copy of its own
-    session's JUnit, so the earlier evidence still verifies, and junit.xml is the latest session's."""
-    from h3gate.cli import main
-
-    _run(project, "-m", "gate", "--h3-freeze", "--h3-variants=sdpa-math").assert_outcomes(passed=1)
-    junit = ["--junitxml=h3-out/junit.xml", "-o", "junit_family=xunit1"]
-    _run(project, "-m", "gate", *junit).assert_outcomes(passed=1)
-    evidence = project.path / "h3-out" / "evidence.json"
-    verify = ["verify", str(evidence), "--allow-unsigned", "--thresholds", str(project.path / "thresholds")]
-    assert main(verify) == 7 and "incomplete" in capsys.readouterr().err, "every digest matches; only gates are missing"
-    assert (project.path / "h3-out" / "evidence-junit.xml").read_bytes() == \
-        (project.path / "h3-out" / "junit.xml").read_bytes()
-
-    project.makepyfile(test_interrupted=INTERRUPTED)
-    # In a process of its own: an in-process run would hand the interrupt on to this session.
-    interrupted = project.runpytest_subprocess("-p", "no:cacheprovider", "--h3-device=cpu", "test_interrupted.py", *junit)
-    assert interrupted.ret == pytest.ExitCode.INTERRUPTED
-    out = project.path / "h3-out"
-    assert (out / "junit.xml").read_bytes() != (out / "evidence-junit.xml").read_bytes(), "pytest rewrote junit.xml"
-    assert main(verify) == 7 and "incomplete" in capsys.readouterr().err, "no digest changed under the evidence"
-
-
 def test_tampered_bounds_are_refused_at_session_start(project):
     _run(project, "-m", "gate", "--h3-freeze", "--h3-variants=sdpa-math").assert_outcomes(passed=1)
     bounds_file = project.path / "thresholds" / "tiny" / "cpu" / "model-bounds.json"
@@ -258,8 +230,8 @@ def test_a_missing_generation_contract_fails_in_one_line_naming_the_fix(project)
     result = _run(project, "-m", "gate", "test_team_generation.py")
     _failed_in_one_line(result, "test_generation[seed42]", "*/thresholds/tiny/nope-contract.json: no generation "
                         "contract 'nope' for tiny (there: generation-preflight); mark the test with one of those "
-                        "(contract=...), or write the default contracts with `h3gate contracts --model <--h3-model> "
-                        "--thresholds *`")
+                        "(contract=...), or write the default contracts with `h3gate contracts --model=tiny "
+                        "--thresholds=*/thresholds`")
 
 
 def test_a_seed_outside_the_contract_fails_in_one_line(project):
@@ -281,6 +253,65 @@ def test_own(h3_generation, h3_threshold):
 """)
     result = _run(project, "test_own.py")
     _failed_in_one_line(result, "test_own", "*/thresholds/tiny/nope-contract.json: missing*")
+
+
+def test_the_generation_fixture_on_a_contract_of_two_workflows_names_the_option_that_picks_one(project):
+    _add_frozen(project, PREFLIGHT[0])
+    contract = project.path / "thresholds" / PREFLIGHT[0]
+    contract.write_text(json.dumps({**json.loads(contract.read_text()), "workflow": ["t2va", "fl2va"]}))
+    from h3gate.bounds import lock_files
+
+    lock_files(project.path / "thresholds", [contract])
+    project.makepyfile(test_own="""
+import pytest
+
+@pytest.mark.h3_gate("threshold")
+def test_own(h3_generation, h3_threshold):
+    h3_generation(42, "provider", contract="generation-preflight")
+""")
+    _failed_in_one_line(_run(project, "test_own.py"), "test_own", "*/generation-preflight-contract.json generates 2 "
+                        "workflows, t2va, fl2va: pick the one to generate with workflow='t2va' or workflow='fl2va'")
+
+
+def test_h3_bounds_names_the_item_of_the_repositorys_own_suite_that_freezes_them(project):
+    """A repository set up by h3gate init: the fix names its suite's test, not this repository's tests/gates."""
+    from h3gate import suite
+
+    (project.path / "thresholds" / suite.RECORD).write_text(suite.record_text("qual/test_h3_gates.py"))
+    project.makepyfile(test_own="""
+import re
+
+import pytest
+
+from h3gate.bounds import BoundsError
+
+
+def test_own(h3_bounds):
+    fix = "freeze them with the block gate's test: pytest 'qual/test_h3_gates.py::test_block[block1]' --h3-freeze"
+    with pytest.raises(BoundsError, match=f"no frozen block bounds .*block1-bounds.json; {re.escape(fix)}"):
+        h3_bounds("block", block=1)
+""")
+    _run(project, "test_own.py").assert_outcomes(passed=1)
+
+
+def test_a_run_from_a_subfolder_says_where_it_looked_for_thresholds_and_init_s_pytest_ini_anchors_it(project):
+    """Without a pytest configuration, rootdir (and so <rootdir>/thresholds) is the folder pytest runs in: the header
+    and the failure say so; the pytest.ini h3gate init writes makes the repository's root the rootdir from every
+    subfolder."""
+    sub = project.mkdir("sub")
+    (project.path / "test_gate.py").rename(sub / "test_gate.py")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(sub)
+        lost = _run(project, "-m", "gate")
+        lost.assert_outcomes(failed=1)
+        lost.stdout.fnmatch_lines([f"h3 thresholds: {sub}/thresholds does not exist: it is <rootdir>/thresholds, and "
+                                   f"rootdir {sub} is the folder of the paths given, as pytest found no configuration "
+                                   "file; run pytest from the folder holding thresholds/, *"])
+        (project.path / "pytest.ini").write_text(repository.INI_TEXT)
+        anchored = _run(project, "-m", "gate")
+    anchored.assert_outcomes(failed=1)
+    anchored.stdout.fnmatch_lines([f"*no frozen model bounds at {project.path}/thresholds/tiny/cpu/model-bounds.json; "
+                                   "freeze them with: pytest sub/test_gate.py::test_model --h3-freeze*"])
 
 
 def test_results_that_cannot_be_written_fail_the_run_in_one_line(project):

@@ -96,6 +96,23 @@ def test_a_candidate_option_that_does_not_build_is_refused_first(project):
     assert "unknown op group(s) ['bogus']" in line
 
 
+def test_a_candidate_is_told_at_the_start_of_a_model_it_declares_it_cannot_run(project, tmp_path):
+    """h3_triton's attention declares head_dim 32, 64 and 128: a checkpoint of head_dim 16 (diffusers' own test
+    configuration of MiniMax-H3 has one) is one line before any gate runs, not a failure after a freeze."""
+    from h3gate.model.presets import TRANSFORMER_CONFIGS
+
+    folder = tmp_path / "narrow"
+    folder.mkdir()
+    config = {**TRANSFORMER_CONFIGS["tiny"], "attention_head_dim": 16, "_class_name": "MiniMaxH3Transformer3DModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    result = project.runpytest("-p", "no:cacheprovider", "--h3-device=cpu", f"--h3-model={folder}", "-m", "gate")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines([f"ERROR: --h3-candidate=h3_triton cannot run --h3-model={folder}: candidate h3_triton "
+                                 "supports head_dim 32, 64, 128, and the model's attention has head_dim 16; qualify "
+                                 "it on a model it supports"])
+    assert "a gate item ran" not in result.stdout.str() and not (project.path / "h3-out").exists()
+
+
 def test_a_thresholds_folder_that_does_not_exist(project, tmp_path):
     assert f"--h3-thresholds={tmp_path / 'none'} is not a folder" in _refused(
         project, f"--h3-thresholds={tmp_path / 'none'}")

@@ -40,8 +40,8 @@ def installed(tmp_path, monkeypatch):
 
 def test_the_entry_point_offers_the_candidate_with_its_declarations(installed, capsys):
     assert main(["candidates"]) == 0
-    assert ("example-rmsnorm\n  ops: chosen by its options\n  supports: dtypes=bfloat16\n  option modulate_in_float32 "
-            "(bool, default False): apply the AdaLN scale and shift in float32, then round\n  option kernel (str, "
+    assert ("example-rmsnorm\n  ops: rms_norm_modulate (at the default options)\n  supports: dtypes=bfloat16\n"
+            "  option modulate_in_float32 (bool, default False): apply the AdaLN scale and shift in float32, then round\n  option kernel (str, "
             "default 'stand-in'): the RMSNorm kernel: stand-in or liger (Liger-Kernel, on a GPU)\n") in capsys.readouterr().out
 
 

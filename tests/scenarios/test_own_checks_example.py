@@ -46,7 +46,7 @@ def _run(project, *args):
 
 
 def test_a_metric_of_ones_own_is_frozen_then_checked_and_signed_in_the_evidence(project, tmp_path):
-    missing = _run(project)
+    missing = _run(project, "--h3-out=missing")  # evidence of its own: a folder's evidence joins one candidate's sessions
     missing.assert_outcomes(failed=1)
     missing.stdout.fnmatch_lines(["*no frozen threshold bounds at*threshold-brightness-loudness-bounds.json; freeze them "
                                   "with: pytest test_team_metrics.py::test_brightness_and_loudness --h3-freeze*"])
@@ -70,7 +70,7 @@ def test_a_metric_of_ones_own_is_frozen_then_checked_and_signed_in_the_evidence(
     # signature and artifact digests verified (else 3, 4 or 5); INCOMPLETE, since the run holds none of ci's gates
     assert main(["verify", str(project.path / "h3-out" / "evidence.json"), f"--key={public}"]) == 7
 
-    louder = _run(project, "--h3-candidate=louder")
+    louder = _run(project, "--h3-candidate=louder", "--h3-out=louder")
     louder.assert_outcomes(failed=1)
     louder.stdout.fnmatch_lines(["*threshold gate FAILED*audio_rms_db: deviation from the provider*> bound*"])
 

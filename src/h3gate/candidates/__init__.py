@@ -32,6 +32,19 @@ class Candidate:
     """Base class: a name, an identity, and install/remove into a transformer."""
 
     name = "candidate"
+    # What it declares it runs (:data:`SUPPORTS` keys: dtypes, head_dim); a model outside it is refused when a session
+    # starts (:meth:`cannot_run`), and ``h3gate candidates`` lists it.
+    supports: dict = {}
+
+    def cannot_run(self, config: dict) -> str | None:
+        """Why this candidate cannot run a transformer of ``config`` (its diffusers config), by what it declares it
+        supports, or None: told before any gate runs, not by a failed freeze or check."""
+        head_dims = self.supports.get("head_dim")
+        found = config.get("attention_head_dim")
+        if head_dims and found not in head_dims:
+            return (f"candidate {self.name} supports head_dim {', '.join(map(str, head_dims))}, and the model's "
+                    f"attention has head_dim {found}")
+        return None
 
     def identity(self) -> dict:
         """JSON-ready facts that pin this candidate's arithmetic (name, version, source digest, options)."""
@@ -215,7 +228,7 @@ class Option:
             ) from None
 
 
-SUPPORTS = ("dtypes",)
+SUPPORTS = ("dtypes", "head_dim")
 
 
 def _check_ops(name: str, ops: dict) -> None:
@@ -238,6 +251,11 @@ def _check_supports(name: str, supports: dict) -> None:
             isinstance(getattr(torch, d, None), torch.dtype) for d in dtypes)):
         raise CandidateError(f"candidate {name!r} supports dtypes {dtypes!r}: give a list of torch dtype names, "
                              "e.g. ['bfloat16', 'float32']")
+    head_dims = supports.get("head_dim")
+    if head_dims is not None and (not isinstance(head_dims, (list, tuple)) or not head_dims or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in head_dims)):
+        raise CandidateError(f"candidate {name!r} supports head_dim {head_dims!r}: give a list of head sizes, "
+                             "e.g. [64, 128]")
 
 
 class Replacement:
@@ -264,12 +282,23 @@ class Replacement:
         return ReplacedCandidate(self.name, ops, self.supports, values, self.paths)
 
     def describe(self) -> list[str]:
-        """What ``h3gate candidates`` prints under the name: ops, supports, options with their help."""
-        ops = ", ".join(self.ops) if isinstance(self.ops, dict) else "chosen by its options"
-        supports = "; ".join(f"{key}={'+'.join(value)}" for key, value in self.supports.items()) or "everything"
-        lines = [f"ops: {ops}", f"supports: {supports}"]
+        """What ``h3gate candidates`` prints under the name: ops (an options-dependent table's at the defaults),
+        supports, options with their help."""
+        if isinstance(self.ops, dict):
+            ops = ", ".join(self.ops)
+        else:
+            try:
+                ops = ", ".join(self.ops(**{key: option.default for key, option in self.options.items()}))
+                ops += " (at the default options)"
+            except CandidateError as error:
+                ops = f"none at the default options ({error})"
+        lines = [f"ops: {ops}", f"supports: {_supported(self.supports)}"]
         lines += [f"option {key} ({o.type.__name__}, default {o.default!r}): {o.help}" for key, o in self.options.items()]
         return lines
+
+
+def _supported(supports: dict) -> str:
+    return "; ".join(f"{key}={'+'.join(map(str, value))}" for key, value in supports.items()) or "everything"
 
 
 class ReplacedCandidate(ProgramCandidate):
@@ -381,9 +410,20 @@ def _target(name: str, factory):
 
 
 def describe(name: str, factory) -> list[str]:
-    """Lines about candidate ``name`` for ``h3gate candidates`` (ops, supports, options), where it can say them."""
+    """Lines about candidate ``name`` for ``h3gate candidates``: a :func:`replace` candidate's ops, supports and
+    options; a class's first docstring paragraph, supports and the options of its constructor."""
     target = _target(name, factory)
-    return target.describe() if isinstance(target, Replacement) else []
+    if isinstance(target, Replacement):
+        return target.describe()
+    paragraph = (inspect.getdoc(target) or "(undocumented)").split("\n\n")[0]
+    lines = [" ".join(paragraph.replace("``", "").split())]  # the docstring's markup left out
+    lines.append(f"supports: {_supported(getattr(target, 'supports', {}))}")
+    try:
+        parameters = inspect.signature(target).parameters.values()
+    except (TypeError, ValueError):  # a callable without an inspectable signature
+        return lines
+    return lines + [f"option {p.name}" + ("" if p.default is inspect.Parameter.empty else f" (default {p.default!r})")
+                    for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def _require_options(name: str, factory, options: dict) -> None:

@@ -752,6 +752,7 @@ class MutantCandidate(Candidate):
             raise CandidateError(f"base candidate {self.base.name} has no standalone {self.mutant.op} to mutate")
         self.inner = self.base.with_kernel_ops({self.mutant.op: self.mutant.wrap(original[self.mutant.op])})
         self.name = f"mutant:{variant}"
+        self.supports = self.base.supports
 
     def identity(self) -> dict:
         return {**self.inner.identity(), "name": self.name, "mutant": self.mutant.name, "base": self.base.name}

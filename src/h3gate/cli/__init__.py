@@ -24,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from h3gate import quiet
+
+    quiet.install()
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)

@@ -227,6 +227,8 @@ def _merge(args) -> int:
 
 def _add_checks(parser: argparse.ArgumentParser, thresholds_required: bool) -> None:
     """The options shared by verify and sign: what the evidence must hold."""
+    from h3gate.evidence.profiles import described
+
     parser.add_argument("--expect-candidate", metavar="NAME",
                         help="the candidate the evidence must qualify (e.g. h3_triton; else exit 12)")
     parser.add_argument("--expect-candidate-lock", metavar="FILE",
@@ -238,8 +240,8 @@ def _add_checks(parser: argparse.ArgumentParser, thresholds_required: bool) -> N
                         help="thresholds folder whose LOCK.json must hold the evidence's bounds and contracts"
                         + ("" if thresholds_required else " (default: not checked)"))
     parser.add_argument("--profile", required=thresholds_required,
-                        help="the completeness profile to require (release, ci, model-block; default: the built-in "
-                        "profile of the recorded name, else the recorded one)")
+                        help=f"the completeness profile to require ({described()}; default: the built-in profile of "
+                        "the recorded name, else the recorded one)")
 
 
 def add_commands(commands) -> None:

@@ -1,5 +1,5 @@
-"""``h3gate checkpoint make``, ``contracts``, ``lock``, ``capture``, ``status``: what the gates read, made, locked and
-checked before they run."""
+"""``h3gate init``, ``checkpoint make``, ``contracts``, ``lock``, ``capture``, ``status``: the repository set up, and what
+the gates read, made, locked and checked before they run."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from h3gate.cli.common import free_folder, refuse
+from h3gate.suite import DEFAULT_FILE as DEFAULT_SUITE
 
 
 def _capture(args) -> int:
@@ -104,7 +105,6 @@ def _checkpoint_make(args) -> int:
 
 
 def _contracts(args) -> int:
-    from h3gate import status
     from h3gate.bounds import BoundsError
     from h3gate.generation import default_contracts
 
@@ -112,29 +112,105 @@ def _contracts(args) -> int:
     if problem:
         return refuse("contracts", 2, f"--thresholds {args.thresholds}: {problem}")
     try:
-        paths = default_contracts.write(args.model, args.thresholds, args.replace)
+        canvas = default_contracts.parse_canvas(args.canvas) if args.canvas else None
+        paths = default_contracts.write(args.model, args.thresholds, args.replace, canvas)
     except (BoundsError, ValueError, OSError) as error:
         return refuse("contracts", 2, str(error))
     for path in paths:
         print(f"wrote and locked {path}" + (f" (replaced: {args.replace})" if args.replace else ""))
-    shown = None if args.thresholds == status.DEFAULT_THRESHOLDS else args.thresholds
-    print("next, freeze the bounds (cheap gates first):")
-    for command in _freeze_commands(args.model, args.device or status.default_device(args.model), shown):
-        print(f"  {command}")
+    _print_next_after_contracts(args.model, args.device, args.thresholds)
     return 0
 
 
-# Evidence -----------------------------------------------------------------------------------------------
+def _print_next_after_contracts(model: str, device: str | None, thresholds: str) -> None:
+    """The freeze commands of the contracts just written, then the command that checks a candidate: each names the
+    repository's own gate suite (:mod:`h3gate.suite`)."""
+    from h3gate import status, suite
+
+    shown = None if thresholds == status.DEFAULT_THRESHOLDS else thresholds
+    device = device or status.default_device(model)
+    print(_cost(model, thresholds))
+    print("next, freeze the bounds (cheap gates first):")
+    for command in _freeze_commands(model, device, shown):
+        print(f"  {command}")
+    print("then check a candidate (--h3-candidate, default h3_triton) with the gates that read them:")
+    print(f"  {status.check_command(suite.recorded(thresholds), model, device, shown)}")
+
+
+def _cost(model: str, thresholds: str) -> str:
+    """What the model contract costs, said before the first freeze: its rows and one forward and backward's FLOPs,
+    and how many such passes the model gate makes (a canvas too large for the machine shows here, not an hour in)."""
+    from h3gate.model.contract import load_model_contract, packed_rows, pass_flops
+    from h3gate.model.spec import model_name, transformer_config
+
+    contract = load_model_contract(Path(thresholds) / model_name(model) / "model-contract.json")
+    config = transformer_config(model)
+    rows = packed_rows(contract, config)
+    return (f"the model contract packs {sum(rows.values()):,} rows a sample (text {rows['text']:,}, audio "
+            f"{rows['audio']:,}, video {rows['video']:,}); a forward and backward of this transformer there is about "
+            f"{_rounded(pass_flops(contract, config) / 1e12)} TFLOP, and the model gate makes 4 such passes to check a "
+            "candidate, 2 and one a provider variant to freeze (--canvas FxHxW sets a smaller canvas)")
+
+
+def _rounded(value: float) -> str:
+    return f"{value:,.0f}" if value >= 10 else f"{value:.2g}"
 
 
 def _freeze_commands(spec: str, device: str, thresholds: str | None) -> list[str]:
-    """The commands that freeze every gate's bounds for the written contracts, cheap gates first."""
+    """The commands that freeze every gate's bounds for the written contracts, cheap gates first, each naming the
+    test of the repository's gate suite (:mod:`h3gate.suite`) that freezes them."""
     from h3gate.gates import REGISTRY
-    from h3gate.status import freeze_command
+    from h3gate.commands import freeze_command
+    from h3gate.status import DEFAULT_THRESHOLDS
+    from h3gate.suite import recorded, targets
 
-    # One command a test function (every block's item at once), in the registry's order: cheap gates first.
+    suite = recorded(thresholds or DEFAULT_THRESHOLDS)
+    # One command a test function (every block's item at once), in the registry's order: cheap gates first; without
+    # a suite, one command for every gate test.
     items = [frozen.item.partition("[")[0] for gate in REGISTRY.values() for frozen in gate.frozen if frozen.item]
-    return [freeze_command(item, spec, device, thresholds) for item in dict.fromkeys(items)]
+    return list(dict.fromkeys(freeze_command(targets(suite, item), spec, device, thresholds) for item in items))
+
+
+def _init(args) -> int:
+    """Set the repository in the current folder up: gate suite, pytest.ini, thresholds folder; with --model its
+    contracts too. Every refusal comes before the first file is written."""
+    from h3gate import repository
+    from h3gate.bounds import BoundsError
+    from h3gate.generation import default_contracts
+
+    root, thresholds = Path.cwd(), Path(args.thresholds)
+    problem = free_folder(thresholds)
+    if problem:
+        return refuse("init", 2, f"--thresholds {args.thresholds}: {problem}")
+    try:
+        written = repository.plan(root, args.suite, thresholds, args.force)
+        contracts = default_contracts.paths(args.model, thresholds) if args.model else []
+    except (repository.SetupError, ValueError) as error:
+        return refuse("init", 2, str(error))
+    existing = [path for path in contracts if path.exists()]
+    if existing and not args.force:
+        return refuse("init", 2, f"{existing[0]} exists: init overwrites no contract (bounds were frozen for it); "
+                      "pass --force to write the defaults anyway")
+    try:
+        paths = repository.write(thresholds, written)
+    except OSError as error:
+        return refuse("init", 2, str(error))
+    for path, what in paths.items():
+        print(f"wrote {path.relative_to(root) if path.is_absolute() else path}: {what}")
+    for note in written.notes:
+        print(f"note: {note}")
+    if not args.model:
+        print("next, a checkpoint folder to qualify (yours, or a test-sized one) and its contracts:")
+        print("  h3gate checkpoint make --preset tiny checkpoint")
+        print("  h3gate contracts --model=checkpoint")
+        return 0
+    try:
+        for path in default_contracts.write(args.model, thresholds, "h3gate init --force" if args.force else None):
+            print(f"wrote and locked {path}")
+    except (BoundsError, ValueError, OSError) as error:
+        return refuse("init", 2, str(error))
+    _print_next_after_contracts(args.model, args.device, args.thresholds)
+    return 0
 
 
 def add_commands(commands) -> None:
@@ -199,13 +275,34 @@ def add_commands(commands) -> None:
                                  "writing holds (default: 5GB, the Hub's recommended size)")
     checkpoint_make.set_defaults(run=_checkpoint_make)
 
+    init = commands.add_parser(
+        "init",
+        help="set the repository in this folder up for the gates: a gate suite file, pytest.ini, a thresholds folder "
+        "(and with --model its contracts), then print the next commands",
+        description="Writes the gate suite (--suite, pytest-h3's markers and fixtures: kernel, block, model and "
+        "generation gates), pytest.ini where pytest has no configuration here (junit_family = xunit1, and this folder "
+        "as pytest's rootdir), and the thresholds folder with its lock and thresholds/suite.json, the record of the "
+        "suite that every printed command names. Run it at the repository's root. Existing files are refused unless "
+        "--force; an existing pytest configuration is never edited.",
+    )
+    init.add_argument("--model", "--h3-model", dest="model", default=None,
+                      help="also write and lock the contracts of this model: tiny, edge, small, release or a checkpoint "
+                      "folder")
+    init.add_argument("--suite", default=DEFAULT_SUITE, help=f"the gate suite file to write (default: {DEFAULT_SUITE})")
+    init.add_argument("--thresholds", default="thresholds", help="the thresholds folder (default: ./thresholds)")
+    init.add_argument("--device", default=None, help="the --h3-device of the printed commands (default: cuda when "
+                      "visible)")
+    init.add_argument("--force", action="store_true", help="replace files init would write that exist already")
+    init.set_defaults(run=_init)
+
     contracts = commands.add_parser(
         "contracts",
         help="write and lock the default contracts of a model (model contract at its own canvas, generation and "
         "generation-preflight), then print the commands that freeze its bounds",
         description="Writes thresholds/<model>/model-contract.json, generation-contract.json and "
-        "generation-preflight-contract.json (h3gate.generation.default_contracts says what they pin) and locks them; existing "
-        "contracts are kept unless --replace gives a reason.",
+        "generation-preflight-contract.json (h3gate.generation.default_contracts says what they pin: a model narrower "
+        "than the release one generates as the tiny preset, fl2va in 8 steps) and locks them; existing contracts are "
+        "kept unless --replace gives a reason.",
     )
     contracts.add_argument("--model", "--h3-model", dest="model", required=True,
                            help="a checkpoint folder, a preset (tiny, edge, small) or release")
@@ -214,4 +311,8 @@ def add_commands(commands) -> None:
                            "visible)")
     contracts.add_argument("--replace", metavar="REASON", default=None, help="overwrite existing contracts, for this "
                            "reason (their frozen bounds no longer match)")
+    contracts.add_argument("--canvas", metavar="FxHxW", default=None,
+                           help="the model contract's latent frames, height and width, where the model and block gates "
+                           "measure (default: the folder's own canvas over its VAE's compression; a test-sized "
+                           "transformer alone: the tiny preset's)")
     contracts.set_defaults(run=_contracts)

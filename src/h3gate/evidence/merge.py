@@ -4,6 +4,7 @@ aside); shards of different identities are refused with the first difference nam
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 from h3gate.evidence.profiles import Profile
@@ -14,8 +15,8 @@ from h3gate.files import FileFormatError
 
 def merge(shards: list[Path], out_dir: Path, sign_key: PrivateKey | None = None) -> Path:
     """Join the evidence of shards into one statement in ``out_dir``, equal to the unsharded run's (timings
-    aside). Shards must share model, candidate, bounds, contracts and profile, and run disjoint tests; the
-    difference is named otherwise. Subject names are rebased onto ``out_dir``, which must hold every shard's
+    aside). Shards must share model, candidate, bounds, contracts and profile, and run disjoint tests (an item the
+    shards' -k or -m deselects is in each of them, deselected); the difference is named otherwise. Subject names are rebased onto ``out_dir``, which must hold every shard's
     artifacts (e.g. the shards' common parent folder). With ``sign_key`` every shard
     must carry a valid signature by that same key (re-signing must not vouch for what nobody signed), and the
     result is signed; without it the result is unsigned."""
@@ -36,7 +37,10 @@ def merge(shards: list[Path], out_dir: Path, sign_key: PrivateKey | None = None)
         if first is None:
             first = (envelope.path, predicate["configuration"], h3["profile"], h3["tool"])
         else:
-            joined = _joined_configuration(first, envelope.path, predicate["configuration"], h3["profile"], h3["tool"])
+            if h3["profile"] != first[2]:
+                raise EvidenceError(
+                    "conflict", f"profile {h3['profile']['name']} in {envelope.path}, {first[2]['name']} in {first[0]}")
+            joined = joined_configuration(first, envelope.path, predicate["configuration"], h3["tool"])
             first = (first[0], joined, *first[2:])
         for entry in statement["subject"]:
             name = Path(os.path.relpath((envelope.path.parent / entry["name"]).resolve(), out_dir)).as_posix()
@@ -54,38 +58,35 @@ def merge(shards: list[Path], out_dir: Path, sign_key: PrivateKey | None = None)
                 )
             subject[name] = (digest, envelope.path)
         for nodeid, test in h3["tests"].items():
-            if nodeid in tests:
+            if nodeid in tests and "deselected" not in (test["outcome"], tests[nodeid][0]["outcome"]):
                 raise EvidenceError(
                     "conflict",
                     f"test {nodeid} is in both {tests[nodeid][1]} and {envelope.path}: shards must run disjoint items",
                 )
-            tests[nodeid] = (test, envelope.path)
+            if nodeid not in tests or tests[nodeid][0]["outcome"] == "deselected":  # -k deselects it in every shard
+                tests[nodeid] = (test, envelope.path)
         for key, environment in h3["environments"].items():
             if environments.setdefault(key, environment) != environment:
                 raise EvidenceError("conflict", f"environment {key} differs between shards (edited?): {envelope.path}")
-        redacted.update(h3["redacted"])
+        redacted.update(redacted_by_name(h3["redacted"], predicate["configuration"]))
     merged = assemble(
         [{"name": name, "digest": {"sha256": digest}} for name, (digest, _) in subject.items()],
         first[1],
         {nodeid: test for nodeid, (test, _) in tests.items()},
         environments,
         Profile.from_json(first[2]),
-        redacted,
+        redacted_by_index(redacted, first[1]),
         first[3],
         utc_now(),
     )
     return write_sealed(out_dir, merged, sign_key)
 
 
-def _joined_configuration(first: tuple, path: Path, config: list[dict], profile_json: dict, writer: dict) -> list[dict]:
-    """The union of two shards' configurations; a shard measured against anything else than the others (another
-    profile, model or candidate, the same file with another digest) or judged by another h3gate is refused with
-    the first difference named. A bounds file only one shard used (its gate items ran there) is no difference."""
-    first_path, first_config, first_profile, first_tool = first
-    if profile_json != first_profile:
-        raise EvidenceError(
-            "conflict", f"profile {profile_json['name']} in {path}, {first_profile['name']} in {first_path}"
-        )
+def joined_configuration(first: tuple, path: Path, config: list[dict], writer: dict) -> list[dict]:
+    """The union of two statements' configurations; one measured against anything else than the other (another model
+    or candidate, the same file with another digest) or judged by another h3gate is refused with the first difference
+    named. A bounds file only one of them used (its gate items ran there) is no difference."""
+    first_path, first_config, _, first_tool = first
     if writer != first_tool:
         raise EvidenceError(
             "conflict", f"h3gate {writer.get('version')} (source {str(writer.get('source_sha256'))[:16]}) wrote {path}, "
@@ -106,3 +107,27 @@ def _joined_configuration(first: tuple, path: Path, config: list[dict], profile_
             raise EvidenceError("conflict", f"{role} {name}: {what}")
     return sorted({**theirs, **ours}.values(), key=lambda d: d["name"])
 
+
+
+_CONFIGURATION = re.compile(r"/predicate/configuration/(\d+)(/.*)?")
+_NAMED = re.compile(r"/predicate/configuration/#(.+?)(/annotations.*)")
+
+
+def redacted_by_name(redacted: dict, config: list[dict]) -> dict:
+    """Redaction pointers with a configuration entry's index replaced by its name (``#name``): indices shift when two
+    statements' configurations are joined."""
+    named = {}
+    for pointer, kinds in redacted.items():
+        match = _CONFIGURATION.fullmatch(pointer)
+        named[f"/predicate/configuration/#{config[int(match[1])]['name']}{match[2] or ''}" if match else pointer] = kinds
+    return named
+
+
+def redacted_by_index(redacted: dict, config: list[dict]) -> dict:
+    """:func:`redacted_by_name` undone against the joined configuration (sorted by name, as ``assemble`` has it)."""
+    index = {entry["name"]: i for i, entry in enumerate(sorted(config, key=lambda d: d["name"]))}
+    restored = {}
+    for pointer, kinds in redacted.items():
+        match = _NAMED.fullmatch(pointer)
+        restored[f"/predicate/configuration/{index[match[1]]}{match[2]}" if match else pointer] = kinds
+    return dict(sorted(restored.items()))

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 PASSED, FAILED, INCOMPLETE = "PASSED", "FAILED", "INCOMPLETE"
+# The gate of an entry about a session rather than a test: an xdist worker it lost (its items are recorded besides).
+SESSION_WIDE = "worker"
 OUTCOMES = ("passed", "failed", "skipped", "deselected", "error", "not_claimed")
 
 
@@ -47,6 +49,7 @@ class Requirement:
 class Profile:
     name: str
     requirements: tuple[Requirement, ...]
+    description: str = field(default="", compare=False)  # what it is for, in the help of --h3-profile and --profile
 
     def to_json(self) -> dict:
         return {"name": self.name, "required": [r.to_json() for r in self.requirements]}
@@ -66,31 +69,28 @@ class Profile:
         return cls(data["name"], tuple(Requirement(r["gate"], r["params"]) for r in required))
 
 
+_GENERATIONS = tuple(Requirement("generation", {"seed": seed}) for seed in (42, 43, 44))
 # ``ci`` is what the tiny gate suite under tests/gates runs; it grows with that suite (a test checks they agree).
 PROFILES = {
-    "release": Profile(
-        "release",
-        (
-            Requirement("kernel"),
-            Requirement("block"),
-            Requirement("model"),
-            *(Requirement("generation", {"seed": seed}) for seed in (42, 43, 44)),
-        ),
-    ),
-    "ci": Profile(
-        "ci",
-        (
-            Requirement("kernel"),
-            Requirement("block"),
-            Requirement("model"),
-            *(Requirement("generation", {"seed": seed}) for seed in (42, 43, 44)),
-            Requirement("power"),
-        ),
-    ),
+    "release": Profile("release", (Requirement("kernel"), Requirement("block"), Requirement("model"), *_GENERATIONS),
+                       "kernel, block, model and generation seeds 42, 43, 44"),
+    "ci": Profile("ci", (Requirement("kernel"), Requirement("block"), Requirement("model"), *_GENERATIONS,
+                         Requirement("power")), "release's gates and power"),
+    # A checkpoint qualified with kernels that another run qualified (the kernel gate does not depend on the
+    # checkpoint's weights): a team's own checkpoint folder in its own repository.
+    "checkpoint": Profile("checkpoint", (Requirement("block"), Requirement("model"), *_GENERATIONS),
+                          "block, model and generation seeds 42, 43, 44: a checkpoint whose kernels another run "
+                          "qualified"),
     # The model and block gates alone, on a model whose kernels were qualified in another run: make gate's run of
     # the edge preset (its kernel gate is tiny's; the kernel gate does not depend on the model).
-    "model-block": Profile("model-block", (Requirement("block"), Requirement("model"))),
+    "model-block": Profile("model-block", (Requirement("block"), Requirement("model")),
+                           "block and model: a model whose kernels another run qualified, as make gate runs edge"),
 }
+
+
+def described() -> str:
+    """Every profile with what it requires, for the help of the options that take one."""
+    return "; ".join(f"'{name}': {profile.description}" for name, profile in PROFILES.items())
 
 
 def profile(name: str) -> Profile:

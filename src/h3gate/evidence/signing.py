@@ -158,8 +158,7 @@ def keygen(out_dir: Path) -> tuple[Path, Path]:
     public_pem = key.public_key().public_bytes(
         serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
     )
-    write_atomic(private_path, private_pem)  # a mkstemp file: 0600 before any byte is written
-    os.chmod(private_path, 0o600)
+    write_atomic(private_path, private_pem, mode=0o600)  # 0600 before any byte is written
     write_atomic(public_path, public_pem)
     os.chmod(public_path, 0o644)
     return private_path, public_path

@@ -56,7 +56,15 @@ from h3gate.evidence.signing import (
     keyid,
     sign,
 )
-from h3gate.files import FileFormatError, dumps, loads_limited, sha256_bytes, sha256_file, write_atomic
+from h3gate.files import (
+    FileFormatError,
+    dumps,
+    loads_limited,
+    sha256_bytes,
+    sha256_file,
+    signals_deferred,
+    write_atomic,
+)
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 PREDICATE_TYPE = "https://in-toto.io/attestation/test-result/v0.1"
@@ -423,12 +431,13 @@ def write_sealed(out_dir: Path, statement: dict, sign_key: PrivateKey | None) ->
     """evidence.json (the envelope), redaction.json and SHA256SUMS (of the subjects and those two) in ``out_dir``."""
     out_dir = Path(out_dir)
     evidence = out_dir / EVIDENCE_NAME
-    write_atomic(out_dir / REDACTION_NAME, dumps(redaction_record(statement)))
-    write_atomic(evidence, dumps(seal(statement, sign_key)))
+    envelope, redaction = dumps(seal(statement, sign_key)), dumps(redaction_record(statement))
     sums = {s["name"]: s["digest"]["sha256"] for s in statement["subject"]}
-    for name in (EVIDENCE_NAME, REDACTION_NAME):
-        sums[name] = sha256_file(out_dir / name)
-    write_atomic(out_dir / SUMS_NAME, "".join(f"{digest}  {name}\n" for name, digest in sorted(sums.items())))
+    sums.update({EVIDENCE_NAME: sha256_bytes(envelope.encode()), REDACTION_NAME: sha256_bytes(redaction.encode())})
+    with signals_deferred():  # the three agree, or the earlier three stay
+        write_atomic(out_dir / REDACTION_NAME, redaction)
+        write_atomic(evidence, envelope)
+        write_atomic(out_dir / SUMS_NAME, "".join(f"{digest}  {name}\n" for name, digest in sorted(sums.items())))
     return evidence
 
 

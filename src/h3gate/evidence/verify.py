@@ -122,6 +122,13 @@ def check_lock(statement: dict, thresholds: Path) -> str:
         locked = verify_lock(thresholds)
     except (BoundsError, FileFormatError, OSError) as error:
         raise EvidenceError("lock", str(error).replace("\n", " ")) from None
+    check_locked(statement, locked, thresholds)
+    return f"matches {thresholds / 'LOCK.json'}"
+
+
+def check_locked(statement: dict, locked: dict[str, str], thresholds: Path) -> None:
+    """Each bounds and contract file the statement names has its digest in ``locked`` (the entries of the thresholds
+    lock: whether the files match them is the lock's own check)."""
     for entry in statement["predicate"]["configuration"]:
         if entry["annotations"]["role"] not in ROLES:
             continue
@@ -130,9 +137,8 @@ def check_lock(statement: dict, thresholds: Path) -> str:
             raise EvidenceError(
                 "lock",
                 f"{entry['annotations']['role']} {entry['name']}: sha256 {str(entry['digest'].get('sha256', ''))[:16]} "
-                f"in the evidence, {held} in {thresholds / 'LOCK.json'}",
+                f"in the evidence, {held} in {Path(thresholds) / 'LOCK.json'}",
             )
-    return f"matches {thresholds / 'LOCK.json'}"
 
 
 def check_verdict(statement: dict, required: Profile | None) -> tuple[str, str]:

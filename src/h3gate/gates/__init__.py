@@ -80,7 +80,8 @@ class Frozen:
     """One file a gate reads from the thresholds folder: its path under the folder (``{model}``, ``{device}`` (the
     device class) and, for a file per block, ``{block}`` filled in), its kind (``contract``: written by ``h3gate
     contracts`` and locked; ``bounds``: frozen; ``capture``: frozen with its block's bounds), and for bounds and
-    captures the gate-suite item whose freeze makes it (``{block}`` filled in too). ``h3gate status`` lists exactly
+    captures the gate-suite item whose freeze makes it (``{block}`` filled in too), as ``<file>::<test>`` of a folder
+    suite (:func:`h3gate.suite.targets` names it in the repository's own suite). ``h3gate status`` lists exactly
     these, under the gate that declares them."""
 
     path: str
@@ -137,17 +138,17 @@ def register(gate: Gate) -> Gate:
     return gate
 
 
-_SUITE = "tests/gates"  # where this repository's gate suite freezes each file
-_BLOCK_ITEM = f"{_SUITE}/test_block.py::test_block[block{{block}}]"
+# The suite items that freeze each file, as ``<file>::<test>`` of a folder suite (:mod:`h3gate.suite`).
+_BLOCK_ITEM = "test_block.py::test_block[block{block}]"
 register(Gate("kernel", (OPS, DTYPES), frozen_nothing="the kernel gate has no bounds to freeze: its rule compares "
               "with torch in the same run"))
 register(Gate("block", (BLOCKS,), frozen=(Frozen("{model}/{device}/block{block}-bounds.json", "bounds", _BLOCK_ITEM),
                                           Frozen("{model}/{device}/block{block}-capture.safetensors", "capture",
                                                  _BLOCK_ITEM))))
 register(Gate("model", frozen=(Frozen("{model}/model-contract.json", "contract"),  # the block gate reads it too
-                               Frozen("{model}/{device}/model-bounds.json", "bounds", f"{_SUITE}/test_model.py::test_model"))))
-_PREFLIGHT_ITEM = f"{_SUITE}/test_generation.py::test_generation_preflight"
-_GENERATION_ITEM = f"{_SUITE}/test_generation.py::test_generation"
+                               Frozen("{model}/{device}/model-bounds.json", "bounds", "test_model.py::test_model"))))
+_PREFLIGHT_ITEM = "test_generation.py::test_generation_preflight"
+_GENERATION_ITEM = "test_generation.py::test_generation"
 register(Gate("generation", (SEEDS,), requires="model", frozen=(
     Frozen("{model}/generation-preflight-contract.json", "contract"),
     Frozen("{model}/{device}/generation-preflight-bounds.json", "bounds", _PREFLIGHT_ITEM),
@@ -206,7 +207,14 @@ class GateRun:
     repeat: bool = True  # model gate: two candidate runs compared bitwise (off: a variant with no deterministic kernel)
     progress: Callable = no_progress  # progress(total or None) -> context manager with .step(phase)
     stream: Any = None  # a text stream for bars the engine draws itself (tqdm), or None
+    model_spec: str | None = None  # the model as given (a preset's name or a checkpoint folder); None: model_name
     _model: Any = field(default=None, repr=False)
+
+    def contracts_command(self) -> str:
+        """The command that writes and locks the model's default contracts into this run's thresholds folder."""
+        from h3gate.commands import contracts_command
+
+        return contracts_command(self.model_spec or self.model_name, self.thresholds)
 
     @property
     def model(self):

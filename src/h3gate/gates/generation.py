@@ -117,6 +117,7 @@ class Generation:
     first_call_inputs: dict  # input name -> sha256
     reused: bool
     verified_step: int | None = None
+    resumed_at: str | None = None  # "k/N": the step it went on from, where an earlier run stopped (None: it did not)
     costs: dict = field(default_factory=dict)  # decodes (saved with the run), transformer calls made now
     coverage: dict = field(default_factory=dict)  # replaced ops' calls over every step (:mod:`h3gate.candidates.coverage`)
 
@@ -127,6 +128,7 @@ class Generation:
             "notes": self.notes,
             "reused": self.reused,
             "verified_step": self.verified_step,
+            "resumed_at_step": self.resumed_at,
             "costs": self.costs,
         }
 
@@ -339,10 +341,16 @@ def _unflatten(tensors: dict, device: str) -> dict:
 
 
 def _workflow(contract: GenerationContract, workflow: str | None) -> str:
+    """The workflow to generate: the one given, else the contract's only one. Another, or none of a contract that
+    generates several, is an :class:`ItemError` naming the option that picks one."""
     if workflow is None and len(contract.workflows) == 1:
         return contract.workflows[0]
+    named = " or ".join(f"workflow={name!r}" for name in contract.workflows)
+    if workflow is None:
+        raise ItemError(f"{contract.path} generates {len(contract.workflows)} workflows, "
+                        f"{', '.join(contract.workflows)}: pick the one to generate with {named}")
     if workflow not in contract.workflows:
-        raise ValueError(f"workflow {workflow!r} is not one of {contract.path}'s workflows {list(contract.workflows)}")
+        raise ItemError(f"workflow {workflow!r} is not one of {contract.path}'s workflows: pick one with {named}")
     return workflow
 
 
@@ -456,6 +464,7 @@ def run_generation(
             first_call_inputs=run.first_call_inputs,
             reused=reused,
             verified_step=run.verified_step,
+            resumed_at=run.resumed_at,
             costs={
                 "encoding": encoding_costs,
                 "decode": decodes,
@@ -738,7 +747,7 @@ def contract_of(run) -> GenerationContract:
         present = ", ".join(other for other in names if other != "model") or "none"  # model: the model gate's contract
         raise FileFormatError(path, f"no generation contract {name!r} for {run.model_name} (there: {present}); "
                                     "mark the test with one of those (contract=...), or write the default contracts "
-                                    f"with `h3gate contracts --model <--h3-model> --thresholds {run.thresholds}`")
+                                    f"with `{run.contracts_command()}`")
     contract = generation_contract.load(path)
     seed = run.params.get("seed")
     if seed is not None and seed not in contract.seeds:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from h3gate import bounds as bounds_mod, numerics
 from h3gate.candidates import Candidate, CandidateError, coverage
+from h3gate.files import FileFormatError
 from h3gate.model.contract import ModelContract, load_model_contract, model_inputs
 from h3gate.model.identity import Model
 from h3gate.streaming import stream_errors
@@ -162,6 +163,9 @@ def inventory_checks(measured: set[str], expected: set[str]) -> list[Check]:
 def contract_of(run) -> tuple[Path, ModelContract]:
     """The model contract the model and block gates measure at: ``thresholds/<model>/model-contract.json``."""
     path = Path(run.thresholds) / run.model_name / "model-contract.json"
+    if not path.is_file():
+        raise FileFormatError(path, f"no model contract for {run.model_name}: write the default contracts with "
+                              f"`{run.contracts_command()}`")
     return path, load_model_contract(path)
 
 

@@ -37,7 +37,8 @@ Rules:
   the same command to resume".
 - ``verify_last_step`` recomputes the last saved call instead of replaying it and requires bitwise equality: a
   nondeterministic transformer would make a resumed generation differ from the one it continues.
-- One tqdm progress bar per run that computes (steps, ETA) on the stream the caller passes; none without one.
+- One tqdm progress bar per run that computes (steps, ETA) on the stream the caller passes; none without one. A run
+  that resumes says so there, and at which step (:attr:`Run.resumed_at`).
 
 Usage::
 
@@ -279,6 +280,7 @@ class Run:
         self.first_call_inputs: dict | None = None
         self.calls = 0  # transformer calls made in this process, replayed or computed
         self.verified_step: int | None = None
+        self.resumed_at: str | None = None  # "k/N": the step this run went on from, where an earlier one stopped
         self._signal: int | None = None
         self._previous_handlers: dict = {}
 
@@ -295,6 +297,11 @@ class Run:
             raise
         if self.saved:
             self.first_call_inputs = self.saved[0]["inputs"]
+        if self.saved and self.finished is None:  # an earlier run was cut short: this one goes on where it stopped
+            self.resumed_at = f"{len(self.saved) + 1}/{self.total}"
+            if self.progress is not None:
+                self.progress.write(f"{self.label}: resumed at step {self.resumed_at} ({self.folder}), the "
+                                    f"{len(self.saved)} saved steps replayed\n")
         self._pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="h3gate-store")
         self._writer = _Writer()
         self._bar = tqdm(

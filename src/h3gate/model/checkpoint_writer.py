@@ -144,6 +144,12 @@ def library_initialised(model, seed: int, component: str) -> ModelWeights:
     return ModelWeights(model, tensors)
 
 
+def _saved_dtype(module, dtype):
+    """``module`` in ``dtype``, cast only where it is not: the VAEs are built in float32 already, and a ``to(dtype)``
+    on a diffusers model with modules it keeps in float32 warns that casting could break them."""
+    return module if all(parameter.dtype == dtype for parameter in module.parameters()) else module.to(dtype)
+
+
 def _weights(preset: str, names: Sequence[str], seed: int, layers: int | None = None) -> dict[str, ModelWeights]:
     """The model components among ``names``, for ``preset`` (module docstring); the release transformers with their
     first ``layers`` blocks only when given."""
@@ -152,7 +158,7 @@ def _weights(preset: str, names: Sequence[str], seed: int, layers: int | None = 
         weights = {name: held(build_preset(preset, seed + offset).transformer)
                    for offset, name in enumerate(TRANSFORMERS) if name in models}
         built = build_components(preset, seed) if set(models) - set(TRANSFORMERS) else {}
-        weights.update({name: held(built[name].to(SAVED_DTYPES[name])) for name in models if name not in weights})
+        weights.update({name: held(_saved_dtype(built[name], SAVED_DTYPES[name])) for name in models if name not in weights})
         return weights
     config = {**RELEASE_CONFIG, "num_layers": layers or RELEASE_CONFIG["num_layers"]}
     weights = {name: drawn_transformer(config, seed + offset)

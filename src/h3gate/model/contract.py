@@ -81,28 +81,50 @@ def load_model_contract(path: str | Path) -> ModelContract:
     return ModelContract(keyframes=tuple(keyframes), **ints, **times)
 
 
-def model_inputs(contract: ModelContract, config: dict) -> tuple[dict, dict]:
-    """(transformer keyword inputs, upstream gradients of the two outputs) for ``contract`` and a model config."""
+def _packed(contract: ModelContract, config: dict) -> tuple:
+    """The pipeline's packed layout of ``contract`` for a model config (diffusers' own helper)."""
     patch = tuple(config["patch_size"])
     if contract.latent_height % patch[1] or contract.latent_width % patch[2]:
         raise ValueError(
             f"contract latent canvas {contract.latent_height}x{contract.latent_width} is not a multiple of the "
             f"model's patch {patch[1:]}"
         )
-    position_ids, token_tags, video_indices, audio_indices, text_indices, condition_rows, _ = (
-        MiniMaxH3PrepareLayoutStep.build_packed_sequence(
-            torch.full((contract.text_tokens,), MINIMAX_H3_TEXT_TAG, dtype=torch.long),
-            contract.latent_frames,
-            contract.latent_height,
-            contract.latent_width,
-            contract.audio_latents,
-            patch,
-            MINIMAX_H3_AUDIO_CHANNELS,
-            MINIMAX_H3_AUDIO_TAG,
-            MINIMAX_H3_VIDEO_TAG,
-            contract.keyframes,
-        )
+    return MiniMaxH3PrepareLayoutStep.build_packed_sequence(
+        torch.full((contract.text_tokens,), MINIMAX_H3_TEXT_TAG, dtype=torch.long),
+        contract.latent_frames,
+        contract.latent_height,
+        contract.latent_width,
+        contract.audio_latents,
+        patch,
+        MINIMAX_H3_AUDIO_CHANNELS,
+        MINIMAX_H3_AUDIO_TAG,
+        MINIMAX_H3_VIDEO_TAG,
+        contract.keyframes,
     )
+
+
+def packed_rows(contract: ModelContract, config: dict) -> dict[str, int]:
+    """The rows a sample of ``contract`` packs into, by modality: what the model and block gates' cost grows with."""
+    _, _, video, audio, text, _, _ = _packed(contract, config)
+    return {"text": text.numel(), "audio": audio.numel(), "video": video.numel()}
+
+
+def pass_flops(contract: ModelContract, config: dict) -> float:
+    """FLOPs of one forward and backward of the whole transformer at ``contract``: each block's projections (q, k, v,
+    out: 4 x hidden x attention width; SwiGLU: 3 x hidden x ffn) at 2 FLOPs a multiply-add a row, 3x for forward and
+    backward, and its attention, 4 x rows^2 x attention width, 3.5x (a backward of 2.5 forwards, as FlashAttention
+    counts). The embeddings, norms and heads are left out: at any size worth predicting they are a rounding error."""
+    rows = sum(packed_rows(contract, config).values())
+    hidden, width = config["hidden_size"], config["num_attention_heads"] * config["attention_head_dim"]
+    projections = 2 * rows * (4 * hidden * width + 3 * hidden * config["ffn_dim"])
+    attention = 4 * rows * rows * width
+    return contract.batch * config["num_layers"] * (3 * projections + 3.5 * attention)
+
+
+def model_inputs(contract: ModelContract, config: dict) -> tuple[dict, dict]:
+    """(transformer keyword inputs, upstream gradients of the two outputs) for ``contract`` and a model config."""
+    patch = tuple(config["patch_size"])
+    position_ids, token_tags, video_indices, audio_indices, text_indices, condition_rows, _ = _packed(contract, config)
     timestep, timestep_indices = MiniMaxH3SetTimestepsStep.build_row_timesteps(
         video_indices,
         audio_indices,

@@ -1,0 +1,79 @@
+"""A Ctrl-C under xdist: the session ends in the line "preempted at step k/N; run the same command to resume" and
+nothing else of the interrupt (no KeyboardInterrupt banner, no traceback, no crashed worker); the same command then
+resumes each generation and says at which step."""
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import THRESHOLDS
+from h3gate import suite
+from h3gate.bounds import lock_files
+
+FILES = ("tiny/generation-contract.json", "tiny/cpu/generation-bounds.json")
+# A Ctrl-C as a terminal sends it (to the whole process group: controller and workers), once, as the first candidate
+# generation to get there has saved its third step.
+CONFTEST = """
+import os
+import signal
+
+from h3gate.generation import resume
+
+_save = resume.Run._save
+
+
+def _save_then_interrupt(self, step, digests, outputs, info):
+    _save(self, step, digests, outputs, info)
+    if step == 2 and self.label.startswith("candidate") and os.environ.get("H3_TEST_CTRL_C"):
+        try:
+            os.close(os.open(os.environ["H3_TEST_CTRL_C"], os.O_CREAT | os.O_EXCL))
+        except FileExistsError:
+            return
+        os.killpg(os.getpgrp(), signal.SIGINT)
+
+
+resume.Run._save = _save_then_interrupt
+"""
+
+
+@pytest.fixture
+def project(pytester):
+    for name in FILES:
+        (pytester.path / "thresholds" / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(THRESHOLDS / name, pytester.path / "thresholds" / name)
+    lock_files(pytester.path / "thresholds", [pytester.path / "thresholds" / name for name in FILES])
+    pytester.makepyfile(test_gates=suite.text("test_gates.py", [42, 43], [42]))
+    pytester.makeconftest(CONFTEST)
+    return pytester
+
+
+def session(project, **environment) -> subprocess.CompletedProcess:
+    """The gate suite's generation items on two xdist workers, in a process group of its own, as a terminal starts
+    it: its Ctrl-C reaches that group only."""
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--h3-device=cpu",
+               "--h3-candidate=provider", "--h3-skip-model-gate=the model gate is not under test", "-k",
+               "test_generation and not preflight"]
+    return subprocess.run(command, cwd=project.path, env={**os.environ, **environment}, capture_output=True, text=True,
+                          timeout=600, start_new_session=True)
+
+
+def test_ctrl_c_under_xdist_says_where_each_generation_stopped_and_nothing_else(project):
+    interrupted = session(project, H3_TEST_CTRL_C=str(project.path / "ctrl-c-sent"))
+    output = interrupted.stdout + interrupted.stderr
+    assert interrupted.returncode == pytest.ExitCode.INTERRUPTED, output
+    preempted = [line for line in interrupted.stdout.splitlines() if "preempted at step" in line]
+    assert preempted and all(line.endswith("; run the same command to resume") for line in preempted), output
+    assert any(line.startswith("test_gates.py::test_generation[seed") and ": preempted at step 3/7" in line
+               for line in preempted), output
+    for noise in ("KeyboardInterrupt", "Traceback", "!!!", "crashed", "node down", "INTERNALERROR", "Interrupted"):
+        assert noise not in output, f"{noise!r} in:\n{output}"
+
+    resumed = session(project)
+    assert resumed.returncode == pytest.ExitCode.OK, resumed.stdout + resumed.stderr
+    lines = [line for line in resumed.stdout.splitlines() if ": resumed " in line]
+    assert len(lines) >= len(preempted), resumed.stdout
+    assert any(" at step 4/7, the steps before it replayed as saved" in line for line in lines), resumed.stdout
