@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,6 +92,7 @@ class Row:
     meant: bool  # a mutant: the gate is one of those meant to catch it; a variant: always (must accept)
     rejected: bool
     line: str
+    seconds: float = 0.0  # wall time of this subject's run of this gate: where a power item spends its time
 
     @property
     def ok(self) -> bool:
@@ -213,12 +215,14 @@ def _measure_subjects(report: Report, subjects: list, gates: tuple, frozen: dict
             if gate == "kernel" and kind == "variant" and not candidate.mode.every_shape:
                 continue  # n/a in the table: its backend refuses shapes the kernel gate draws; the others gate it
             progress(f"{candidate.name} x {gate}")
+            start = time.perf_counter()
             repeat = kind == "mutant" or candidate.mode.deterministic  # a variant without one: judged by numerics
             results = [_check_item(gate, dataclasses.replace(item, candidate=candidate, repeat=repeat), bounds)
                        for item, bounds in items]
             rejected = [result for result in results if not result.passed]
             line = (rejected or results)[0].summary()
-            report.rows.append(Row(candidate.name, kind, gate, gate in meant, bool(rejected), line))
+            report.rows.append(Row(candidate.name, kind, gate, gate in meant, bool(rejected), line,
+                                   round(time.perf_counter() - start, 3)))
             if gate == "kernel" and kind == "mutant":
                 for (item, _), result in zip(items, results):
                     label = " ".join(str(value) for value in item.params.values())
