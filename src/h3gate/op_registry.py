@@ -61,19 +61,24 @@ def gated_residual(residual, y, gate=None, idx=None):
 
 @dataclass(frozen=True)
 class Op:
-    """One op: ``name`` keys the op tables, ``group`` is its block-program op group, ``provider`` its formula."""
+    """One op: ``name`` keys the op tables, ``group`` is its block-program op group, ``provider`` its formula,
+    ``switches`` the provider variants' switches (:class:`h3gate.numerics.Mode` fields) that can change its arithmetic:
+    the BLAS library and TF32 reach a GEMM (and SDPA's math kernel), the attention backend attention alone, the
+    thread count every op on a CPU."""
 
     name: str
     group: str
     provider: Callable
+    switches: tuple[str, ...] = ("threads",)
 
 
+_GEMM = ("blas", "fp32_precision", "threads")
 OPS = (
-    Op("linear", "gemm", linear),
-    Op("silu_linear", "adaln", silu_linear),
+    Op("linear", "gemm", linear, _GEMM),
+    Op("silu_linear", "adaln", silu_linear, _GEMM),
     Op("rms_norm_modulate", "norm", rms_norm_modulate),
     Op("qk_norm_rope", "qk_norm_rope", qk_norm_rope),
-    Op("attention", "attention", attention),
+    Op("attention", "attention", attention, ("attention_backend", *_GEMM)),
     Op("swiglu", "swiglu", swiglu),
     Op("gated_residual", "residual", gated_residual),
 )
@@ -94,6 +99,14 @@ def keyed(table: Mapping[str, object], what: str) -> list[tuple[Op, object]]:
     if problems:
         raise LookupError(f"{what}: {', '.join(problems)}; ops: {', '.join(names)}")
     return [(op, table[op.name]) for op in OPS]
+
+
+def by_name(name: str) -> Op:
+    """The registry's op of that name; a :class:`KeyError` naming the ops for another."""
+    for op in OPS:
+        if op.name == name:
+            return op
+    raise KeyError(f"no op {name!r}; ops: {', '.join(op.name for op in OPS)}")
 
 
 def provider_ops() -> dict[str, Callable]:

@@ -73,6 +73,7 @@ BLOCKS = ListParam("blocks", "block", "block", int, "layers")  # also "all": eve
 OPS = ListParam("ops", "op", "", str, "module")
 DTYPES = ListParam("dtypes", "dtype", "", str, "module")
 MEASURED = ListParam("gates", "measured", "", str, "module")  # the power gate: one item per gate it measures
+SUBJECTS = ListParam("subjects", "subjects", "", str, "module")  # and per kind of subject: mutants, variants
 
 
 @dataclass(frozen=True)
@@ -155,7 +156,7 @@ register(Gate("generation", (SEEDS,), requires="model", frozen=(
     Frozen("{model}/generation-contract.json", "contract"),
     Frozen("{model}/{device}/generation-bounds.json", "bounds", _GENERATION_ITEM))))
 register(Gate("threshold", measured_by_test=True))
-register(Gate("power", (MEASURED,), frozen_nothing="the power measurement freezes nothing: it uses the bounds the other gates froze"))
+register(Gate("power", (MEASURED, SUBJECTS), frozen_nothing="the power measurement freezes nothing: it uses the bounds the other gates froze"))
 
 
 def kinds() -> tuple[str, ...]:

@@ -200,7 +200,7 @@ def measure(
         frozen[gate] = [(item, module.load_bounds(item) if has_bounds else None) for item in item_runs]
     subjects = [("mutant", MutantCandidate(name, base)) for name in mutants]
     subjects += [("variant", VariantCandidate(name, device)) for name in (variants if variants is not None else [m.name for m in numerics.variants(device)])]
-    model_bounds = frozen["model"][0][1] if "model" in frozen else None
+    model_bounds = frozen["model"][0][1] if "model" in frozen and mutants else None  # taps only mutants exceed
     report = Report(model_taps=sorted(model_bounds.bounds) if model_bounds else [])
     with shared_torch_side():  # every subject meets the kernel gate's same examples
         _measure_subjects(report, subjects, gates, frozen, progress)
@@ -214,6 +214,8 @@ def _measure_subjects(report: Report, subjects: list, gates: tuple, frozen: dict
             items = [(item, bounds) for item, bounds in frozen[gate] if _applies(item.params, kind, candidate)]
             if gate == "kernel" and kind == "variant" and not candidate.mode.every_shape:
                 continue  # n/a in the table: its backend refuses shapes the kernel gate draws; the others gate it
+            if not items:
+                continue  # n/a in the table: no item of this gate the subject can change
             progress(f"{candidate.name} x {gate}")
             start = time.perf_counter()
             repeat = kind == "mutant" or candidate.mode.deterministic  # a variant without one: judged by numerics
@@ -240,13 +242,22 @@ def _check_item(gate: str, item, bounds) -> GateResult:
 
 
 def _applies(params: dict, kind: str, candidate) -> bool:
-    """A mutant meets the kernel gate at its own op; a variant whose forced backend takes half precision only (flash,
-    cuDNN) meets the bf16 kernel items alone."""
+    """A mutant meets the kernel gate at its own op; a variant meets the ops its switches reach, and one whose forced
+    backend takes half precision only (flash, cuDNN) their bf16 kernel items alone."""
     if kind == "mutant" and "op" in params:
         return params["op"] == candidate.mutant.op
+    if kind == "variant" and "op" in params and not reaches(candidate.mode, params["op"]):
+        return False
     if kind == "variant" and "dtype" in params:
         return candidate.mode.takes(params["dtype"])
     return True
+
+
+def reaches(mode: numerics.Mode, op: str) -> bool:
+    """Whether a variant's switches can change ``op``'s arithmetic (:attr:`h3gate.op_registry.Op.switches`). One that
+    cannot computes the provider's op itself, whose error is torch's and so within the kernel gate's rule by
+    construction: its run would prove nothing (``compiled`` changes the model's blocks, never a standalone op)."""
+    return any(getattr(mode, switch) is not None for switch in op_registry.by_name(op).switches)
 
 
 def as_result(report: Report, base: Candidate, params: dict | None = None) -> GateResult:
@@ -268,11 +279,13 @@ def as_result(report: Report, base: Candidate, params: dict | None = None) -> Ga
 
 # The gate protocol (:mod:`h3gate.gates`) ------------------------------------------------------------------
 
-# One item per gate measured, the kernel gate's per op (``gates="all"``): every subject against that gate (or op), so
-# xdist spreads the measurement and each of the report's verdicts (every row, the kernel items' power, the model taps
-# no mutant exceeded) still lies whole inside one item: a kernel item meets only its own op's mutants. A callable: a
-# gate registered after this module is imported is measured too.
+# One item per gate measured, the kernel gate's per op (``gates="all"``), and per kind of subject (``subjects="all"``):
+# the mutants or the variants against that gate (or op), so xdist spreads the measurement and each of the report's
+# verdicts (every row, the kernel items' power, the model taps no mutant exceeded) still lies whole inside one item:
+# a kernel item meets only its own op's mutants, and the verdicts on mutants never depend on a variant's. A callable:
+# a gate registered after this module is imported is measured too.
 KERNEL_OP = "kernel:"
+SUBJECTS = ("mutants", "variants")
 
 
 def measured() -> tuple[str, ...]:
@@ -280,11 +293,11 @@ def measured() -> tuple[str, ...]:
                  for part in ([KERNEL_OP + op for op in KERNEL_OPS] if gate == "kernel" else [gate]))
 
 
-LIST_CHOICES = {"gates": measured}
+LIST_CHOICES = {"gates": measured, "subjects": SUBJECTS}
 
 
 def items(run) -> list[dict]:
-    return [{"measured": part} for part in measured()]
+    return [{"measured": part, "subjects": subjects} for part in measured() for subjects in SUBJECTS]
 
 
 def bounds_file(run) -> None:
@@ -293,13 +306,20 @@ def bounds_file(run) -> None:
 
 def check_item(run, _bounds) -> GateResult:
     """The mutants' base is the run's candidate on a GPU and the provider's ops on CPU, where the interpreter makes
-    h3_triton gate runs slow. An item measures the gate its params name, or every gate."""
+    h3_triton gate runs slow. An item measures the gate its params name, or every gate, against the kind of subject
+    they name, or both; one with nothing to measure on this device (no variant reaches the op) is not claimed."""
     from h3gate.candidates import ProviderCandidate
+    from h3gate.gates import NotClaimed
 
     base = run.candidate if run.device.startswith("cuda") else ProviderCandidate()
-    part = run.params.get("measured")
+    part, subjects = run.params.get("measured"), run.params.get("subjects")
     gate, _, op = (part or "").partition(":")
     with run.progress(None) as bar:
         report = measure(run.model, run.device, run.thresholds, run.out / "power", base, gates=[gate] if part else None,
-                         ops=[op] if op else None, progress=bar.step)
+                         ops=[op] if op else None, progress=bar.step,
+                         mutants=() if subjects == "variants" else tuple(MUTANTS),
+                         variants=[] if subjects == "mutants" else None)
+    if not report.rows:
+        raise NotClaimed(f"nothing to measure: no {subjects or 'subject'} on {run.device} can change "
+                         f"{part or 'any gate'}'s results (power table n/a)")
     return as_result(report, base, run.params)
