@@ -98,7 +98,7 @@ class H3Session:
         why = (f"the folder of pytest's configuration {config}" if config else
                "the folder of the paths given, as pytest found no configuration file")
         return (f"{self.thresholds} does not exist: it is <rootdir>/thresholds, and rootdir {root} is {why}; run pytest "
-                "from the folder holding thresholds/, pass --h3-thresholds, or set the repository up with h3gate init "
+                f"from the folder holding thresholds/, pass {THRESHOLDS}, or set the repository up with h3gate init "
                 "(its pytest.ini makes the repository's root the rootdir from every subfolder)")
 
     def next_after_freezing(self) -> str:

@@ -130,7 +130,9 @@ def check(
         detail = {"max_abs": metrics["max_abs"], "provider_relative_l2": provider_errors[tap]["relative_l2"]}
         if bounds_mod.tap_kind(tap) == "gradient" and metrics["all_zero"] and not metrics["reference_all_zero"]:
             checks.append(
-                Check.failed(tap, "zero_gradient", "exactly zero where golden's is not", **detail)
+                Check.failed(tap, "zero_gradient", "exactly zero where golden's is not: an op whose output is detached "
+                             "from autograd, or that drops a gradient, zeroes every gradient before it; the kernel gate's "
+                             "items name such an op", **detail)
             )
         checks.append(Check(tap, "relative_l2", metrics["relative_l2"], frozen.bounds[tap], metrics["relative_l2"] <= frozen.bounds[tap], detail))
     context = {"non_discriminating": frozen.non_discriminating}
