@@ -138,6 +138,31 @@ def shard(items: list, spec: str) -> tuple[list, list]:
     return [i for i in items if i.nodeid not in dropped], [i for i in items if i.nodeid in dropped]
 
 
+# Every SIGINT or SIGTERM a session's process received: a gate item that fails once one came is interrupted, not
+# failed (:func:`pytest_h3.gate_runner.run`), since the compilers and subprocesses it started got the signal too.
+SIGNALS: list[int] = []
+
+
+@contextlib.contextmanager
+def signals_noted():
+    """In one process a Ctrl-C stops the session at once, as pytest's own does; it is also noted in :data:`SIGNALS`.
+    Yields an empty list: no signal is held."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or not callable(previous):
+        yield []
+        return
+
+    def noted(signum, frame):
+        SIGNALS.append(signum)
+        previous(signum, frame)
+
+    signal.signal(signal.SIGINT, noted)
+    try:
+        yield []
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 @contextlib.contextmanager
 def first_signal_held(then=None):
     """Under xdist, the first SIGINT or SIGTERM stops nothing at once: a Ctrl-C reaches the controller and every worker
@@ -155,6 +180,7 @@ def first_signal_held(then=None):
         for other, handler in previous.items():
             signal.signal(other, handler)
         received.append(signum)
+        SIGNALS.append(signum)
         if then is not None:
             then(signum)
 

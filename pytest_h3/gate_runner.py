@@ -32,7 +32,38 @@ NOT_CLAIMED = pytest.StashKey[str]()
 
 def run(item) -> GateResult:
     """The item's result; a gate that runs out of GPU memory fails in one line, with that memory given back, and so
-    does bad input, in its own line."""
+    does bad input, in its own line. An item that fails once a signal came is interrupted instead: the signal reached
+    its compilers and subprocesses too (one process group), so its failure says nothing of the candidate."""
+    noted = len(distribution.SIGNALS)
+    try:
+        result = _result(item)
+    except (pytest.skip.Exception, KeyboardInterrupt):
+        raise
+    except BaseException:
+        _interrupted(item, noted)
+        raise
+    if not result.passed:
+        _interrupted(item, noted)
+    return result
+
+
+def _interrupted(item, noted: int) -> None:
+    """Interrupt the item, unrecorded, where a signal came since ``noted``: under xdist a worker skips it and stops
+    after it; in one process the session stops as pytest's own Ctrl-C stops it."""
+    import signal
+
+    if len(distribution.SIGNALS) == noted:
+        return
+    name = signal.Signals(distribution.SIGNALS[-1]).name
+    message = (f"interrupted by {name} while it ran (the signal reached the compilers and subprocesses it started): "
+               "no verdict recorded; run the same command to run it again")
+    if distribution.worker_index() is None:
+        raise KeyboardInterrupt(message)
+    item.node.session.shouldstop = f"stopped by {name}"
+    raise pytest.skip.Exception(message) from None
+
+
+def _result(item) -> GateResult:
     import torch
 
     try:

@@ -366,7 +366,7 @@ def pytest_runtestloop(session):
 
     holding = worker or _xdist_workers(session.config)
     with distribution.first_signal_held(stop_after_the_item if worker else None) if holding \
-            else contextlib.nullcontext([]) as received:
+            else distribution.signals_noted() as received:
         try:
             return (yield)
         except KeyboardInterrupt:  # a worker's goes on to its controller, which xdist tells by the exit status

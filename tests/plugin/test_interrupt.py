@@ -1,6 +1,7 @@
 """A Ctrl-C under xdist: the session ends in the line "preempted at step k/N; run the same command to resume" and
 nothing else of the interrupt (no KeyboardInterrupt banner, no traceback, no crashed worker); the same command then
-resumes each generation and says at which step."""
+resumes each generation and says at which step. An item that fails once a signal came (its compiler killed by the
+same Ctrl-C) is interrupted, unrecorded, not failed."""
 
 import os
 import shutil
@@ -77,3 +78,63 @@ def test_ctrl_c_under_xdist_says_where_each_generation_stopped_and_nothing_else(
     lines = [line for line in resumed.stdout.splitlines() if ": resumed " in line]
     assert len(lines) >= len(preempted), resumed.stdout
     assert any(" at step 4/7, the steps before it replayed as saved" in line for line in lines), resumed.stdout
+
+
+# A gate whose first item's compiler dies of the Ctrl-C that reached the whole process group: the signal comes, and
+# the item fails on the compiler's error (a compiler pool turns the interrupt into its own error, as inductor's did).
+KILLED_COMPILER_GATE = '''
+import os
+import signal
+import time
+
+from h3gate.verdict import Check, GateResult
+
+GATE = "compiling"
+
+
+def items(run):
+    return [{"seed": 1}, {"seed": 2}]
+
+
+def bounds_file(run):
+    return None
+
+
+def check_item(run, _bounds):
+    if run.params["seed"] == 1:
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+        return GateResult(GATE, run.params, [Check.failed("compile", "error", "CppCompileError: cc1plus killed")])
+    return GateResult(GATE, run.params, [Check("x", "relative_l2", 0.0, 1.0, True)])
+'''
+
+
+@pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["one process", "xdist"])
+def test_an_item_that_fails_once_a_signal_came_is_interrupted_not_failed(pytester, monkeypatch, workers):
+    from h3gate import gates as registry
+
+    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
+    pytester.makepyfile(compiling_gate=KILLED_COMPILER_GATE, conftest='''
+from h3gate.gates import SEEDS, Gate, register
+
+register(Gate("compiling", (SEEDS,), frozen_nothing="nothing to freeze", module_name="compiling_gate"))
+''', test_compiling='''
+import pytest
+
+
+@pytest.mark.h3_gate("compiling", seeds=[1, 2])
+def test_compiling(h3_gate):
+    result = h3_gate.run()
+    assert result.passed, result.report()
+''')
+    pytester.syspathinsert()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "--h3-device=cpu", "--h3-candidate=provider",
+                                           "-m", "gate", "-rs", *workers)
+    output = result.stdout.str() + result.stderr.str()
+    assert "CppCompileError" not in output and "failed" not in result.parseoutcomes(), output
+    assert "interrupted by SIGINT while it ran" in output, output
+    results = pytester.path / "h3-out" / "results.json"
+    assert not results.exists() or "seed1" not in results.read_text(), output
