@@ -41,11 +41,14 @@ def test_tap_inventory_must_equal_the_bounds(tiny, tiny_contract, tiny_model_bou
     reduced = dict(tiny_model_bounds.bounds)
     missing = reduced.pop("outputs.audio")
     reduced["nodes.not_a_module"] = missing
+    reduced["parameter.not_a_parameter.grad"] = missing
     narrowed = tiny_model_bounds.__class__(**{**tiny_model_bounds.__dict__, "bounds": reduced})
     result = model_gate.check(tiny, ProviderCandidate(), tiny_contract, narrowed, "cpu")
     inventory = {c.name: c.detail["reason"] for c in result.failures if c.kind == "inventory"}
     assert inventory == {
         "nodes.not_a_module": "tap has a bound but was not recorded",
+        "parameter.not_a_parameter.grad": "tap has a bound but was not recorded: no gradient reached it, as when an op "
+                                          "detaches its output from autograd; the kernel gate's items name such an op",
         "outputs.audio": "tap was recorded but has no bound",
     }
 

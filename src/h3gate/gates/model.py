@@ -153,7 +153,9 @@ def inventory_checks(measured: set[str], expected: set[str]) -> list[Check]:
     """The run's taps must be exactly the bounds' keys: a missing or extra tap is a failed check."""
     checks = []
     for tap in sorted(expected - measured):
-        checks.append(Check.failed(tap, "inventory", "tap has a bound but was not recorded"))
+        why = ": no gradient reached it, as when an op detaches its output from autograd; the kernel gate's items " \
+              "name such an op" if bounds_mod.tap_kind(tap) == "gradient" else ""
+        checks.append(Check.failed(tap, "inventory", f"tap has a bound but was not recorded{why}"))
     for tap in sorted(measured - expected):
         checks.append(Check.failed(tap, "inventory", "tap was recorded but has no bound"))
     return checks
