@@ -65,3 +65,13 @@ def test_a_check_failed_for_a_reason_ranks_as_a_failure_and_says_why():
     assert check.detail == {"step": 3, "reason": "noise differs"} and check.ratio == math.inf
     assert check.line() == "same_start: same_start: noise differs"
     assert Check.failed("out", "non_finite", "2 NaN/Inf", value=2.0).value == 2.0
+
+
+def test_an_op_detached_from_autograd_fails_saying_what_zeroes_the_gradients(tiny, tiny_contract, tiny_model_bounds):
+    from h3gate import op_registry
+
+    detached = ProviderCandidate().with_kernel_ops({"swiglu": lambda h: op_registry.swiglu(h).detach()})
+    result = model_gate.check(tiny, detached, tiny_contract, tiny_model_bounds, "cpu")
+    lost = [c for c in result.failures if c.kind in ("zero_gradient", "inventory")]
+    assert lost, result.report()
+    assert all("detach" in c.detail["reason"] for c in lost), result.report()
