@@ -58,7 +58,7 @@ def _interrupted(item, noted: int) -> None:
     message = (f"interrupted by {name} while it ran (the signal reached the compilers and subprocesses it started): "
                "no verdict recorded; run the same command to run it again")
     if distribution.worker_index() is None:
-        raise KeyboardInterrupt(message)
+        raise KeyboardInterrupt(message) from None
     item.node.session.shouldstop = f"stopped by {name}"
     raise pytest.skip.Exception(message) from None
 
