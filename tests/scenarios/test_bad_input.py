@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from conftest import ROOT, THRESHOLDS
 from h3gate import bounds
@@ -121,6 +122,15 @@ def test_make_test_never_writes_where_make_gate_does():
 def test_variants_of_a_device_that_is_none(capsys):
     err = refusal(capsys, 2, "variants", "--device", "bogus")
     assert "--device bogus: not a device; use cpu, cuda or cuda:N" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without CUDA")
+@pytest.mark.parametrize("command", [("paths", "--model", "release", "--device", "cuda"), ("bench", "--device", "cuda:1"),
+                                     ("power", "--device", "cuda")])
+def test_a_cuda_device_on_a_machine_without_one(capsys, command):
+    err = refusal(capsys, 2, *command)
+    assert f"--device {command[-1]}: no CUDA device is visible here" in err and "give --device cpu" in err
+    assert "Traceback" not in err
 
 
 @pytest.mark.parametrize("command", [("bench", "--candidate", "bogus", "--no-block"), ("power", "--base", "bogus")])

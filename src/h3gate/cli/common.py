@@ -56,15 +56,21 @@ def refusing(*errors: type[BaseException], code: int = 2):
 
 def device(option: str | None, model: str | None = None) -> str:
     """``--device`` checked (:func:`device_problem`) and resolved: as given, else cuda when a GPU is visible, else cpu
-    (cuda for the release model, which is built on one)."""
+    (cuda for the release model, which is built on one); a CUDA device where none is visible is refused in one line."""
     problem = device_problem(option)
     if problem:
         raise Refused(2, problem)
-    if option:
-        return option
     from h3gate.status import default_device
 
-    return default_device(model)
+    resolved = option or default_device(model)
+    if resolved.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            built = f"a CUDA {torch.version.cuda} build" if torch.version.cuda else "a CPU build"
+            raise Refused(2, f"--device {resolved}: no CUDA device is visible here (torch {torch.__version__}, {built}): "
+                             "run it on a GPU machine, or give --device cpu")
+    return resolved
 
 
 def candidate(spec: str):
