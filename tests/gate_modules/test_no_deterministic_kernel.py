@@ -78,3 +78,22 @@ def test_the_power_gate_runs_a_variant_without_one_once(tiny, monkeypatch, tmp_p
     assert seen == {"variant:sdpa-math": False, "variant:threads-1": True}
     assert report.passed, report.table()
 
+
+
+def test_the_kernel_gate_tells_a_one_off_crash_from_a_missing_kernel():
+    """A call that raised once under torch's deterministic algorithms and not again (a compiler killed mid-build,
+    say) is the op's error, not a backend without a deterministic kernel."""
+    calls = []
+
+    def attention(q, k, v):
+        calls.append(torch.are_deterministic_algorithms_enabled())
+        if len(calls) == 1:
+            raise RuntimeError("PTXAS error: `ptxas` failed with error code -15")
+        return op_registry.attention(q, k, v)
+
+    candidate = ProviderCandidate().with_kernel_ops({"attention": attention})
+    result = kernel_gate.check(candidate, "attention", "cpu", dtypes=("bfloat16",), max_examples=1, shrink=False)
+    assert [c.kind for c in result.failures] == ["error"], result.report()
+    reason = result.failures[0].detail["reason"]
+    assert "raised RuntimeError: PTXAS error" in reason and "once: the same call ran the next time" in reason
+    assert "no deterministic kernel" not in result.report()
