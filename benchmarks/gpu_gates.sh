@@ -7,6 +7,8 @@
 #   REFREEZE="reason"  replace the committed CUDA bounds (the reason is recorded in them).
 #   H3_WORKERS_PER_GPU  xdist workers sharing the GPU (default 8).
 #   RUNS=DIR            where the run folders and JUnit go (default $OUT).
+# With "paths" in PHASES, also the path report of the release model on this GPU, planned shape-only against the
+# kernel-gate examples of tiny's suite ($OUT/paths-release-cuda.log; exit 1 names a path no example reached).
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
 python3 -c "import torch, triton, diffusers; print(torch.__version__, triton.__version__, diffusers.__version__, torch.cuda.get_device_name())"
@@ -34,4 +36,7 @@ if [[ " $PHASES " == *" check "* ]]; then
       --junitxml="${RUNS:-$OUT}/$model-junit.xml"
     grep -E "^(FAILED|ERROR)" "$OUT/check-$model.log" | cut -c1-300 | head -20
   done
+fi
+if [[ " $PHASES " == *" paths "* ]]; then
+  phase paths-release-cuda "${PATHS_LIMIT:-200}" h3gate paths --model release --device cuda --suite tiny
 fi
