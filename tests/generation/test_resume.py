@@ -206,6 +206,21 @@ def test_sigterm_finishes_the_step_then_preempts(tmp_path, reference):
     assert torch.equal(result, expected) and files(folder) == files(reference_folder)
 
 
+def test_a_signal_after_the_run_finished_says_the_run_is_whole(tmp_path, reference):
+    expected, reference_folder = reference
+    folder = tmp_path / "run"
+    with pytest.raises(resume.Preempted, match=r"^preempted after its last step \(6/6\), the run saved whole; run the "
+                                               r"same command to finish$"):
+        with resume.Run(folder, IDENTITY, CALLS) as run:
+            module = Toy()
+            with run.intercept(module):
+                toy_loop(module, 0, None)
+            run.finish({})
+            os.kill(os.getpid(), signal.SIGTERM)  # as the decode after the last call runs
+    result, again = toy_run(folder, Toy())
+    assert torch.equal(result, expected) and again.resumed_at is None and files(folder) == files(reference_folder)
+
+
 def test_a_busy_folder_is_refused_when_not_waiting(tmp_path):
     with FileLock(str(tmp_path / resume.LOCK_FILE)):
         with pytest.raises(resume.RunBusy, match=f"{tmp_path} is in use by another process"):

@@ -34,7 +34,7 @@ Rules:
   silent new start.
 - SIGTERM and SIGINT (handled in the main thread, the only one Python delivers signals to) let the current call
   finish and its step file land; then :class:`Preempted` (a KeyboardInterrupt) says "preempted at step k/N; run
-  the same command to resume".
+  the same command to resume" (or, once the run finished, that the same command finishes the item from it).
 - ``verify_last_step`` recomputes the last saved call instead of replaying it and requires bitwise equality: a
   nondeterministic transformer would make a resumed generation differ from the one it continues.
 - One tqdm progress bar per run that computes (steps, ETA) on the stream the caller passes; none without one. A run
@@ -123,8 +123,9 @@ class Preempted(KeyboardInterrupt):
     A KeyboardInterrupt, so pytest (which then ends the session, results written) and any caller stop as on Ctrl-C
     instead of going on to the next seed."""
 
-    def __init__(self, step: int, total: int, folder: Path):
-        super().__init__(f"preempted at step {step}/{total}; run the same command to resume")
+    def __init__(self, step: int, total: int, folder: Path, finished: bool = False):
+        super().__init__(f"preempted after its last step ({total}/{total}), the run saved whole; run the same command "
+                         "to finish" if finished else f"preempted at step {step}/{total}; run the same command to resume")
         self.step, self.total, self.folder = step, total, folder
 
 
@@ -326,8 +327,8 @@ class Run:
             self._lock.release()
         if exc is None:
             self._writer.check()
-        if exc is None and self._signal is not None:
-            raise Preempted(self.calls, self.total, self.folder)
+        if exc is None and self._signal is not None:  # after the last call: the run may have finished already
+            raise Preempted(self.calls, self.total, self.folder, finished=self.finished is not None)
         return False
 
     def _acquire(self) -> None:
