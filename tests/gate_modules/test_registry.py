@@ -6,6 +6,7 @@ import json
 import pytest
 
 from h3gate import gates as registry, status, suite
+from seeded_gates import seeded_gate
 
 TOY_GATE = '''
 """A toy gate: the candidate's SwiGLU in bfloat16 against float64, bounded by 1.5 x the provider's error."""
@@ -148,38 +149,16 @@ def test_a_toy_gate_is_one_module_and_one_registry_line(pytester, monkeypatch):
     assert "GateResult(" not in caught.stdout.str(), "a failed assert shows the result's summary, not its fields"
 
 
-OOM_GATE = '''
-import torch
-
-from h3gate.verdict import Check, GateResult
-
-GATE = "greedy"
-HELD = []
-
-
-def items(run):
-    return [{"seed": 1}, {"seed": 2}]
-
-
-def bounds_file(run):
-    return None
-
-
-def check_item(run, _bounds):
+OOM_GATE = seeded_gate("greedy", imports="import torch", state="HELD = []", body='''
     if run.params["seed"] == 1:
         HELD.append(torch.ones(4))  # what a traceback would keep alive
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 8.28 GiB. GPU 0 has 7.28 GiB free.\\nmore")
-    return GateResult(GATE, run.params, [Check("x", "relative_l2", 0.0, 1.0, True)])
-'''
+    return GateResult(GATE, run.params, [Check("x", "relative_l2", 0.0, 1.0, True)])''')
 
 
 def test_a_gate_out_of_gpu_memory_fails_in_one_line_and_the_next_item_runs(pytester, monkeypatch):
     monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
-    pytester.makepyfile(greedy_gate=OOM_GATE, conftest='''
-from h3gate.gates import SEEDS, Gate, register
-
-register(Gate("greedy", (SEEDS,), frozen_nothing="nothing to freeze", module_name="greedy_gate"))
-''', test_greedy=TOY_TEST.replace('"toy"', '"greedy"'))
+    pytester.makepyfile(**OOM_GATE, test_greedy=TOY_TEST.replace('"toy"', '"greedy"'))
     pytester.syspathinsert()
     result = pytester.runpytest("-p", "no:cacheprovider", "--h3-device=cpu", "--h3-candidate=provider", "-m", "gate")
     result.assert_outcomes(passed=1, failed=1)
@@ -196,11 +175,7 @@ def test_evidence_that_cannot_be_written_fails_the_run_and_keeps_the_results(pyt
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("h3gate.evidence.accumulate.add_session", disk_full)
-    pytester.makepyfile(greedy_gate=OOM_GATE, conftest='''
-from h3gate.gates import SEEDS, Gate, register
-
-register(Gate("greedy", (SEEDS,), frozen_nothing="nothing to freeze", module_name="greedy_gate"))
-''', test_greedy=TOY_TEST.replace('"toy", seeds=[1, 2]', '"greedy", seeds=[2]'))
+    pytester.makepyfile(**OOM_GATE, test_greedy=TOY_TEST.replace('"toy", seeds=[1, 2]', '"greedy", seeds=[2]'))
     pytester.syspathinsert()
     result = pytester.runpytest("-p", "no:cacheprovider", "--h3-device=cpu", "--h3-candidate=provider", "-m", "gate")
     assert result.ret == pytest.ExitCode.INTERNAL_ERROR

@@ -14,6 +14,7 @@ import pytest
 from conftest import THRESHOLDS
 from h3gate import suite
 from h3gate.bounds import lock_files
+from seeded_gates import seeded_gate
 
 FILES = ("tiny/generation-contract.json", "tiny/cpu/generation-bounds.json")
 # A Ctrl-C as a terminal sends it (to the whole process group: controller and workers), once, as the first candidate
@@ -86,25 +87,7 @@ def test_ctrl_c_under_xdist_says_where_each_generation_stopped_and_nothing_else(
 
 # A gate whose first item's compiler dies of the Ctrl-C that reached the whole process group: the signal comes, and
 # the item fails on the compiler's error (a compiler pool turns the interrupt into its own error, as inductor's did).
-KILLED_COMPILER_GATE = '''
-import os
-import signal
-import time
-
-from h3gate.verdict import Check, GateResult
-
-GATE = "compiling"
-
-
-def items(run):
-    return [{"seed": 1}, {"seed": 2}]
-
-
-def bounds_file(run):
-    return None
-
-
-def check_item(run, _bounds):
+KILLED_COMPILER_GATE = seeded_gate("compiling", imports="import os\nimport signal\nimport time", body='''
     if run.params["seed"] == 1:
         try:
             os.kill(os.getpid(), signal.SIGINT)
@@ -112,8 +95,7 @@ def check_item(run, _bounds):
         except KeyboardInterrupt:
             pass
         return GateResult(GATE, run.params, [Check.failed("compile", "error", "CppCompileError: cc1plus killed")])
-    return GateResult(GATE, run.params, [Check("x", "relative_l2", 0.0, 1.0, True)])
-'''
+    return GateResult(GATE, run.params, [Check("x", "relative_l2", 0.0, 1.0, True)])''')
 
 
 @pytest.mark.parametrize("workers", [[], ["-n", "1"]], ids=["one process", "xdist"])
@@ -121,11 +103,7 @@ def test_an_item_that_fails_once_a_signal_came_is_interrupted_not_failed(pyteste
     from h3gate import gates as registry
 
     monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
-    pytester.makepyfile(compiling_gate=KILLED_COMPILER_GATE, conftest='''
-from h3gate.gates import SEEDS, Gate, register
-
-register(Gate("compiling", (SEEDS,), frozen_nothing="nothing to freeze", module_name="compiling_gate"))
-''', test_compiling='''
+    pytester.makepyfile(**KILLED_COMPILER_GATE, test_compiling='''
 import pytest
 
 

@@ -131,8 +131,8 @@ def check(
         if bounds_mod.tap_kind(tap) == "gradient" and metrics["all_zero"] and not metrics["reference_all_zero"]:
             checks.append(
                 Check.failed(tap, "zero_gradient", "exactly zero where golden's is not: an op whose output is detached "
-                             "from autograd, or that drops a gradient, zeroes every gradient before it; the kernel gate's "
-                             "items name such an op", **detail)
+                             "from autograd, or that drops a gradient, zeroes every gradient before it; "
+                             f"{KERNEL_GATE_NAMES}", **detail)
             )
         checks.append(Check(tap, "relative_l2", metrics["relative_l2"], frozen.bounds[tap], metrics["relative_l2"] <= frozen.bounds[tap], detail))
     context = {"non_discriminating": frozen.non_discriminating}
@@ -149,12 +149,16 @@ def check(
     ), counts)
 
 
+# What a lost gradient's check adds: the gate that names the op that lost it.
+KERNEL_GATE_NAMES = "the kernel gate's items name such an op"
+
+
 def inventory_checks(measured: set[str], expected: set[str]) -> list[Check]:
     """The run's taps must be exactly the bounds' keys: a missing or extra tap is a failed check."""
     checks = []
     for tap in sorted(expected - measured):
-        why = ": no gradient reached it, as when an op detaches its output from autograd; the kernel gate's items " \
-              "name such an op" if bounds_mod.tap_kind(tap) == "gradient" else ""
+        why = ": no gradient reached it, as when an op detaches its output from autograd; " \
+              f"{KERNEL_GATE_NAMES}" if bounds_mod.tap_kind(tap) == "gradient" else ""
         checks.append(Check.failed(tap, "inventory", f"tap has a bound but was not recorded{why}"))
     for tap in sorted(measured - expected):
         checks.append(Check.failed(tap, "inventory", "tap was recorded but has no bound"))

@@ -212,10 +212,8 @@ def _measure_subjects(report: Report, subjects: list, gates: tuple, frozen: dict
         meant = set(candidate.mutant.caught_by) if kind == "mutant" else set(gates_measured())
         for gate in gates:
             items = [(item, bounds) for item, bounds in frozen[gate] if _applies(item.params, kind, candidate)]
-            if gate == "kernel" and kind == "variant" and not candidate.mode.every_shape:
-                continue  # n/a in the table: its backend refuses shapes the kernel gate draws; the others gate it
             if not items:
-                continue  # n/a in the table: no item of this gate the subject can change
+                continue  # n/a in the table: no item of this gate the subject meets
             progress(f"{candidate.name} x {gate}")
             start = time.perf_counter()
             repeat = kind == "mutant" or candidate.mode.deterministic  # a variant without one: judged by numerics
@@ -243,11 +241,13 @@ def _check_item(gate: str, item, bounds) -> GateResult:
 
 def _applies(params: dict, kind: str, candidate) -> bool:
     """A mutant meets the kernel gate at its own op; a variant meets the ops its switches reach, and one whose forced
-    backend takes half precision only (flash, cuDNN) their bf16 kernel items alone."""
+    backend takes half precision only (flash, cuDNN) their bf16 kernel items alone; one whose backend refuses shapes
+    the kernel gate draws meets none of them (the other gates gate it)."""
     if kind == "mutant" and "op" in params:
         return params["op"] == candidate.mutant.op
-    if kind == "variant" and "op" in params and not reaches(candidate.mode, params["op"]):
-        return False
+    if kind == "variant" and "op" in params:  # a kernel item
+        if not (candidate.mode.every_shape and reaches(candidate.mode, params["op"])):
+            return False
     if kind == "variant" and "dtype" in params:
         return candidate.mode.takes(params["dtype"])
     return True
