@@ -71,9 +71,14 @@ def worker_index() -> int | None:
 
 
 def prepare(device_option: str, per_gpu: int = 1) -> None:
-    """Controller: publish the caller's GPU list. Worker: pin itself to its GPU (before CUDA is touched)."""
+    """Controller: publish the caller's GPU list. Worker: pin itself to its GPU (before CUDA is touched). Both: compile
+    each Triton kernel once for all of them (:mod:`pytest_h3.compile_once`; imported here, past the CPU check, since
+    it imports triton, which a CPU run must first switch to its interpreter)."""
     if cpu_run(device_option):
         return
+    from pytest_h3 import compile_once
+
+    compile_once.install()
     index = worker_index()
     if index is None:
         os.environ[CALLER_GPUS] = ",".join(caller_gpus())

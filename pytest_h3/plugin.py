@@ -105,25 +105,33 @@ def pytest_collection_modifyitems(session, config, items):
         kept, dropped = distribution.shard(items, spec)
         items[:] = kept
         h3.ledger.outside_shard.update(item.nodeid for item in dropped)
-    items.sort(key=functools.partial(_rank, order=_gate_order(under_xdist=hasattr(config, "workerinput"))))
+    order = _gate_order(under_xdist=hasattr(config, "workerinput"), compiled=not distribution.cpu_run(h3.settings.device))
+    items.sort(key=functools.partial(_rank, order=order))
     scheduled = {(gate_of(item) or {}).get("gate") for item in items}
     h3.gates_scheduled = {kind: kind in scheduled for kind in registry.kinds()}
 
 
-def _gate_order(under_xdist: bool) -> list[str]:
+def _gate_order(under_xdist: bool, compiled: bool = False) -> list[str]:
     """In one process, cheap before expensive (the registry's order: kernel, block, model, generation, ...), so a
     broken kernel is reported in seconds. Over xdist workers, which take items in this order, the expensive gates
     first, so the many short kernel items fill every worker's end instead of one worker finishing a long item alone
     (longest-processing-time-first scheduling); the gates others wait for (the model gate, which the generation
     gate requires) lead, and a gate that waits comes after the next one that does not: xdist hands each worker its
-    first items in runs of this order, and a worker whose first item waits idles until the verdict."""
+    first items in runs of this order, and a worker whose first item waits idles until the verdict.
+
+    Where kernels are ``compiled`` (a GPU run, not the interpreter), the kernel gate's items follow the gates waited
+    for: each compiles its op's kernels for every example class, once for the node (:mod:`pytest_h3.compile_once`),
+    while the power items that meet the same ops and examples start beside them and load what they compiled
+    instead of compiling it all again alone, which made the power item of attention a cold run's longest pole."""
     kinds = list(registry.kinds())
     if not under_xdist:
         return kinds
     waited_for, waits = registry.required(), registry.waiting()
     order, held = [k for k in kinds if k in waited_for], []
+    if compiled:
+        order.append("kernel")
     for kind in reversed(kinds):
-        if kind in waited_for:
+        if kind in order:
             continue
         if kind in waits:
             held.append(kind)

@@ -143,6 +143,10 @@ def test_one_process_runs_cheap_gates_first_and_xdist_workers_the_expensive_ones
     assert over_workers[0] == "model", "the generation gate waits for the model gate's verdict: it leads"
     assert over_workers.index("power") < over_workers.index("block") < over_workers.index("generation") \
         < over_workers.index("kernel"), "a gate that waits for a verdict never starts a worker's first run of items"
+    compiling = _gate_order(under_xdist=True, compiled=True)
+    assert compiling[:3] == ["model", "kernel", "power"], \
+        "on a GPU the kernel items compile what the power items of the same ops load: they start together"
+    assert compiling.index("block") < compiling.index("generation")
 
 
 @pytest.mark.parametrize("device, env, workers, threads", [
