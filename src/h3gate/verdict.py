@@ -151,6 +151,25 @@ def repeatability(name: str, first: dict, again: dict) -> Check:
     return Check(name, "determinism", float(len(differing)), 0.0, not differing, detail)
 
 
+def raised_under_determinism(name: str, error: BaseException, rerun, said: str | None = None, **detail) -> Check:
+    """The failed check of a candidate that raised ``error`` under torch's deterministic algorithms and ran without
+    them: ``rerun`` runs it under them once more. One that raises again has no deterministic kernel
+    (:func:`no_deterministic_kernel`); one that runs now raised once (a compiler killed mid-build, say), which is the
+    candidate's error, ``said`` as the gate says errors, and once."""
+    import torch
+
+    try:
+        rerun()
+    except torch.OutOfMemoryError:
+        raise
+    except Exception:
+        return no_deterministic_kernel(name, error, **detail)
+    lines = str(error).strip().splitlines()
+    said = said or f"the candidate raised {type(error).__name__}: {lines[0] if lines else ''}"
+    return Check.failed(name, "error", f"{said}; once: the same run ran the next time, under torch's deterministic "
+                        "algorithms too", **detail)
+
+
 def no_deterministic_kernel(name: str, error: BaseException, **detail) -> Check:
     """The failed determinism check of a candidate that raised ``error`` under torch's deterministic algorithms
     after running without them: its backend has no deterministic kernel (cuDNN's SDPA; a third-party kernel that

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from broken import NoDeterministicKernel
+from broken import NoDeterministicKernel, RaisesOnce
 from conftest import THRESHOLDS
 from h3gate import bounds, numerics, op_registry
 from h3gate.candidates import ProviderCandidate
@@ -95,5 +95,22 @@ def test_the_kernel_gate_tells_a_one_off_crash_from_a_missing_kernel():
     result = kernel_gate.check(candidate, "attention", "cpu", dtypes=("bfloat16",), max_examples=1, shrink=False)
     assert [c.kind for c in result.failures] == ["error"], result.report()
     reason = result.failures[0].detail["reason"]
-    assert "raised RuntimeError: PTXAS error" in reason and "once: the same call ran the next time" in reason
+    assert "raised RuntimeError: PTXAS error" in reason and "once: the same run ran the next time" in reason
     assert "no deterministic kernel" not in result.report()
+
+
+ONCE = "the candidate raised RuntimeError: PTXAS error: `ptxas` failed with error code -15; once: the same run ran the " \
+       "next time, under torch's deterministic algorithms too"
+
+
+def test_the_model_gate_tells_a_one_off_crash_from_a_missing_kernel(tiny, tiny_contract, tiny_model_bounds):
+    result = model_gate.check(tiny, RaisesOnce(), tiny_contract, tiny_model_bounds, "cpu")
+    assert [(c.name, c.kind) for c in result.failures] == [(model_gate.REPEATED, "error")], result.report()
+    assert ONCE in result.summary() and "no deterministic kernel" not in result.report()
+
+
+def test_the_block_gate_tells_a_one_off_crash_from_a_missing_kernel(tiny, tiny_contract, tmp_path):
+    frozen = bounds.load(bounds.bounds_path(THRESHOLDS, "tiny", "cpu", "block0"), "block", tiny.identity, "cpu")
+    result = block_gate.check(tiny, RaisesOnce(), tiny_contract, frozen, "cpu", 0, tmp_path)
+    assert [(c.name, c.kind) for c in result.failures] == [("candidate[replayed twice]", "error")], result.report()
+    assert ONCE in result.summary() and "no deterministic kernel" not in result.report()

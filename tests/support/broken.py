@@ -81,3 +81,21 @@ class NoDeterministicKernel(_OpsCandidate):
 
     name = "stand-in-no-deterministic-kernel"
     ops = replace(PROVIDER_OPS, attention=_attention_without_deterministic_kernel)
+
+
+class RaisesOnce(_OpsCandidate):
+    """The provider's ops, whose first attention call under torch's deterministic algorithms raises as a compiler
+    killed mid-build does (a Ctrl-C's, or a timeout's): deterministic kernels, one failure."""
+
+    name = "stand-in-raises-once"
+
+    def __init__(self):
+        self.raised = False
+
+        def attention(processor, q, k, v):
+            if torch.are_deterministic_algorithms_enabled() and not self.raised:
+                self.raised = True
+                raise RuntimeError("PTXAS error: `ptxas` failed with error code -15")
+            return PROVIDER_OPS.attention(processor, q, k, v)
+
+        self.ops = replace(PROVIDER_OPS, attention=attention)

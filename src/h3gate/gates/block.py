@@ -42,7 +42,7 @@ from h3gate.measure import timed
 from h3gate.model.contract import ModelContract, load_model_contract, model_inputs
 from h3gate.model.identity import Model
 from h3gate.taps import TapStore
-from h3gate.verdict import Check, GateResult, Provenance, no_deterministic_kernel, repeatability
+from h3gate.verdict import Check, GateResult, Provenance, raised_under_determinism, repeatability
 
 GATE = "block"
 CAPTURE_SUFFIX = "-capture.safetensors"
@@ -411,16 +411,20 @@ def _check(model, candidate, frozen, device, block, out_dir, progress, diagnosti
 
 def replayed_twice(model, block, inputs, device, candidate, golden) -> Check:
     """Two replays under torch's deterministic algorithms (torch's own ops too, as the kernel gate runs them) must
-    give bitwise the same errors. The candidate's first replay ran without them, so an error raised here alone means
-    a backend with no deterministic kernel: a failed check naming it."""
+    give bitwise the same errors. The candidate's first replay ran without them, so an error raised here, and again
+    by one more replay, means a backend with no deterministic kernel: a failed check naming it."""
     name = "candidate[replayed twice]"
-    try:
+
+    def replayed():
         with numerics.deterministic():
-            twice = [_errors(candidate_replay(model, block, inputs, device, candidate), golden) for _ in range(2)]
+            return _errors(candidate_replay(model, block, inputs, device, candidate), golden)
+
+    try:
+        twice = [replayed() for _ in range(2)]
     except torch.OutOfMemoryError:
         raise
     except RuntimeError as error:
-        return no_deterministic_kernel(name, error)
+        return raised_under_determinism(name, error, replayed)
     return repeatability(name, *twice)
 
 

@@ -24,7 +24,7 @@ from h3gate.files import FileFormatError
 from h3gate.model.contract import ModelContract, load_model_contract, model_inputs
 from h3gate.model.identity import Model
 from h3gate.streaming import stream_errors
-from h3gate.verdict import Check, GateResult, Provenance, no_deterministic_kernel, repeatability
+from h3gate.verdict import Check, GateResult, Provenance, raised_under_determinism, repeatability
 
 GATE = "model"
 
@@ -119,7 +119,7 @@ def check(
             streamed, counts = streamed_runs(twice=False)
         except CandidateError:
             raise strict from None
-        repeated = no_deterministic_kernel(REPEATED, strict.__cause__ or strict)
+        repeated = raised_under_determinism(REPEATED, strict.__cause__ or strict, lambda: streamed_runs(twice=True))
     candidate_errors, provider_errors = streamed["candidate"], streamed["provider"]
     checks = inventory_checks(set(candidate_errors), set(frozen.bounds))
     if repeated is not None:
