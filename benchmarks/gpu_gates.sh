@@ -7,6 +7,9 @@
 #   REFREEZE="reason"  replace the committed CUDA bounds (the reason is recorded in them).
 #   H3_WORKERS_PER_GPU  xdist workers sharing the GPU (default 8).
 #   RUNS=DIR            where the run folders and JUnit go (default $OUT).
+# With "cudnn" in PHASES, also tiny's model and block gates of diffusers' cuDNN SDPA backend as the candidate
+# (`attention-backend:name=_native_cudnn`), which has no deterministic kernel: each must fail on that one line
+# ($OUT/cudnn-candidate.log; its verdict lines echoed).
 # With "paths" in PHASES, also the path report of the release model on this GPU, planned shape-only against the
 # kernel-gate examples of tiny's suite ($OUT/paths-release-cuda.log; exit 1 names a path no example reached).
 set -uo pipefail
@@ -39,4 +42,10 @@ if [[ " $PHASES " == *" check "* ]]; then
 fi
 if [[ " $PHASES " == *" paths "* ]]; then
   phase paths-release-cuda "${PATHS_LIMIT:-200}" h3gate paths --model release --device cuda --suite tiny
+fi
+if [[ " $PHASES " == *" cudnn "* ]]; then
+  phase cudnn-candidate "${CUDNN_LIMIT:-200}" python3 -m pytest -m gate tests/gates/test_model.py tests/gates/test_block.py \
+    --h3-model=tiny --h3-device=cuda --h3-candidate=attention-backend:name=_native_cudnn -n auto --h3-workers-per-gpu=3 -q -rfE \
+    --h3-out="${RUNS:-$OUT}/cudnn-candidate"
+  grep -o "determinism: no deterministic kernel[^;]*" "$OUT/cudnn-candidate.log" | sort | uniq -c
 fi
