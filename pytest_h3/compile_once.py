@@ -6,13 +6,14 @@ once (a kernel item and the power item of the same op), each compiles them, and 
 cold gate run spends its time. This cache manager, installed through Triton's own ``TRITON_CACHE_MANAGER`` hook,
 takes a lock per cache key around a miss: the first process compiles, the others wait and load its binary. filelock
 (the lock library this project uses everywhere) holds an OS file lock, which the OS drops if its holder dies; a
-holder that keeps it past :data:`WAIT_SECONDS` lets the waiter compile for itself, as Triton alone would, since the
-cache is only ever a shortcut to the same binary. A manager the user set in ``TRITON_CACHE_MANAGER`` is kept.
+holder that keeps it past :data:`WAIT_SECONDS` lets the waiter compile for itself, as Triton alone would (with a
+warning naming the kernel), since the cache is only ever a shortcut to the same binary. A manager the user set in ``TRITON_CACHE_MANAGER`` is kept.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 
 from filelock import FileLock, Timeout
 from triton.runtime.cache import FileCacheManager
@@ -46,6 +47,8 @@ class CompileOnce(FileCacheManager):
         try:
             lock.acquire(timeout=WAIT_SECONDS)
         except Timeout:
+            warnings.warn(f"Triton kernel {filename.removesuffix('.json')}: another process has held its compile lock "
+                          f"({lock.lock_file}) for {WAIT_SECONDS:.0f} s; compiling it here too", stacklevel=2)
             return None
         group = super().get_group(filename)  # another process stored it while this one waited
         if group is not None:

@@ -81,3 +81,15 @@ def test_a_manager_the_user_chose_is_kept(monkeypatch):
     monkeypatch.delenv(compile_once.ENV)
     compile_once.install()
     assert os.environ[compile_once.ENV] == compile_once.MANAGER
+
+
+def test_a_lock_held_past_the_wait_compiles_here_and_says_so(tmp_path, monkeypatch):
+    from filelock import FileLock
+
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(compile_once, "WAIT_SECONDS", 0.1)
+    manager = compile_once.CompileOnce("KEY")
+    with FileLock(str(tmp_path / "KEY" / compile_once.LOCK_FILE)):  # another compile of the same key, stuck
+        with pytest.warns(UserWarning, match=r"Triton kernel copy: another process has held its compile lock .* 0 s"):
+            assert manager.get_group("copy.json") is None
+    assert manager._compiling is None, "it compiles without the lock, and releases none"
