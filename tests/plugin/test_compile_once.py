@@ -21,9 +21,12 @@ COMPILE = textwrap.dedent("""
     from triton.compiler import ASTSource
 
     @triton.jit
-    def copy(x, y, n, BLOCK: tl.constexpr):
-        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        tl.store(y + i, tl.load(x + i, mask=i < n) {broken}, mask=i < n)
+    def copy(x, y, n, BLOCK: tl.constexpr):  # two dots: a compile of ~2 s outlasts the processes' start
+        i = tl.arange(0, BLOCK)
+        a = tl.load(x + i[:, None] * BLOCK + i[None, :]) {broken}
+        for _ in tl.static_range(2):
+            a = tl.dot(a, a)
+        tl.store(y + i[:, None] * BLOCK + i[None, :], a)
 
     hits = []
     knobs.compilation.listener = lambda **kw: hits.append(kw["cache_hit"])
@@ -31,7 +34,7 @@ COMPILE = textwrap.dedent("""
     open(os.path.join(ready, str(os.getpid())), "w").close()
     while len(os.listdir(ready)) < parties:
         time.sleep(0.001)
-    source = ASTSource(copy, {{"x": "*fp32", "y": "*fp32", "n": "i32", "BLOCK": "constexpr"}}, constexprs={{"BLOCK": 128}})
+    source = ASTSource(copy, {{"x": "*fp16", "y": "*fp16", "n": "i32", "BLOCK": "constexpr"}}, constexprs={{"BLOCK": 128}})
     for attempt in range(int(sys.argv[3])):
         try:
             triton.compile(source, target=GPUTarget("cuda", 90, 32))
