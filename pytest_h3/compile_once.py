@@ -7,7 +7,8 @@ cold gate run spends its time. This cache manager, installed through Triton's ow
 takes a lock per cache key around a miss: the first process compiles, the others wait and load its binary. filelock
 (the lock library this project uses everywhere) holds an OS file lock, which the OS drops if its holder dies; a
 holder that keeps it past :data:`WAIT_SECONDS` lets the waiter compile for itself, as Triton alone would (with a
-warning naming the kernel), since the cache is only ever a shortcut to the same binary. A manager the user set in ``TRITON_CACHE_MANAGER`` is kept.
+warning naming the kernel), since the cache is only ever a shortcut to the same binary. A manager the user set in
+``TRITON_CACHE_MANAGER`` is kept.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from h3gate.candidates import CandidateError
 from h3gate.files import FileFormatError
 from h3gate.gates import passes
 from h3gate.generation.resume import Preempted, ResumeError
-from h3gate.verdict import Check, GateResult
+from h3gate.verdict import Check, GateResult, one_line
 from pytest_h3 import distribution
 from pytest_h3.options import WORKERS_PER_GPU
 
@@ -114,7 +114,7 @@ def _run(item) -> GateResult:
     except BaseException as error:
         outcome = passes.DID_NOT_RUN if isinstance(error, pytest.skip.Exception) else passes.CRASHED
         with contextlib.suppress(Exception):  # the error itself is what the item reports
-            record(session, gate.name, item.node.nodeid, outcome, passes.one_line(error))
+            record(session, gate.name, item.node.nodeid, outcome, one_line(error))
         raise
     missing = [check for check in result.checks if check.kind == "missing"]
     if missing:

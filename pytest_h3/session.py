@@ -251,7 +251,7 @@ class H3Session:
             self.summary.append(self.next_after_freezing())
         if self.freezing or self.refused or all(outcome.outcome == "deselected" for outcome in outcomes.values()):
             return True  # nothing to add: no gate item ran
-        from h3gate.gates.passes import one_line
+        from h3gate.verdict import one_line
         from pytest_h3.session_evidence import write_session_evidence
 
         results_path = self.out / "results.json"

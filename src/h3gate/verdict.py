@@ -164,8 +164,7 @@ def raised_under_determinism(name: str, error: BaseException, rerun, said: str |
         raise
     except Exception:
         return no_deterministic_kernel(name, error, **detail)
-    lines = str(error).strip().splitlines()
-    said = said or f"the candidate raised {type(error).__name__}: {lines[0] if lines else ''}"
+    said = said or f"the candidate raised {one_line(error)}"
     return Check.failed(name, "error", f"{said}; once: the same run ran the next time, under torch's deterministic "
                         "algorithms too", **detail)
 
@@ -174,8 +173,13 @@ def no_deterministic_kernel(name: str, error: BaseException, **detail) -> Check:
     """The failed determinism check of a candidate that raised ``error`` under torch's deterministic algorithms
     after running without them: its backend has no deterministic kernel (cuDNN's SDPA; a third-party kernel that
     refuses them), so two runs cannot be held to the same bits."""
-    lines = str(error).strip().splitlines()
     return Check.failed(name, "determinism", (
         f"no deterministic kernel: under torch.use_deterministic_algorithms(True) the candidate raised "
-        f"{type(error).__name__}: {lines[0] if lines else ''}; it runs without them. Its runs are compared bitwise "
+        f"{one_line(error)}; it runs without them. Its runs are compared bitwise "
         "under torch's deterministic algorithms (README: Repeatability)"), **detail)
+
+
+def one_line(error: BaseException) -> str:
+    """An error as one line: its type and the first line of its message."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__

@@ -36,7 +36,7 @@ from h3gate import numerics, op_calls, op_registry
 from h3gate.candidates import launch_paths, op_invariants
 from h3gate.compare import bias, max_abs, relative_l2
 from h3gate.model.presets import RELEASE, TRANSFORMER_CONFIGS
-from h3gate.verdict import Check, GateResult, Provenance, raised_under_determinism
+from h3gate.verdict import Check, GateResult, Provenance, one_line, raised_under_determinism
 
 GATE = "kernel"
 ERROR_FACTOR = 2.0
@@ -769,6 +769,7 @@ def evaluate(spec: OpSpec, candidate_fn: Callable, dims: dict, dtype: torch.dtyp
             raise
         except Exception as error:  # the op breaks its caller: a verdict naming the op, not a crash of the item
             return [Check.failed(label, "error", raised(spec.op.name, error), output="all", dtype=dtype_name)]
+
         def rerun():
             with numerics.deterministic():
                 _forward_backward(candidate_fn, built, dtype, device, seed, poison=True)
@@ -851,8 +852,7 @@ def _same(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 def raised(op: str, error: Exception) -> str:
     """The verdict of a candidate op that raised: the op, the error's first line, and what a detached output means."""
-    lines = str(error).strip().splitlines()
-    reason = f"the candidate's {op} raised {type(error).__name__}: {lines[0] if lines else ''}"
+    reason = f"the candidate's {op} raised {one_line(error)}"
     if "does not require grad" in str(error):
         reason += " (its output is detached from autograd: the op contract wants outputs that carry their gradient)"
     return reason

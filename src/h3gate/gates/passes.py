@@ -49,12 +49,6 @@ def _path(out_dir, gate: str, model, candidate_identity: dict) -> Path:
     return Path(out_dir) / "gate-passes" / gate / f"{key}.json"
 
 
-def one_line(error: BaseException) -> str:
-    """An error as one line: its type and the first line of its message."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0]}" if text else type(error).__name__
-
-
 def record(
     out_dir, gate: str, model, candidate_identity: dict, outcome: str = PASSED, *, reason: str = "",
     bounds_sha256: str = "", run: str | None = None,
