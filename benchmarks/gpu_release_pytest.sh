@@ -5,6 +5,14 @@
 #           model gate on a release-width checkpoint folder that `h3gate checkpoint make --preset release --components
 #           transformer --layers $LAYERS` writes under $RUNS (about 4 GB: a whole release folder, 194.5 GB, does not fit
 #           the machine's disk), loaded through diffusers' from_pretrained as a user's checkpoint is
+#           seed-freeze, seed-check: the release contract's seed 42 and workflow t2va (49 steps, 124 x 1344x768), the
+#           generation gate's bounds from the provider and SEED_VARIANTS (default sdpa-flash: of the variants that change
+#           the provider's numerics at release, the fastest), then h3_triton against them with --h3-verify-last-step.
+#           Its thresholds folder is benchmarks/release-seed/thresholds (the release generation contract narrowed to
+#           that seed and workflow, locked), copied to $SEED_TH (default /tmp/h3-th-seed), where the freeze writes its
+#           bounds ($OUT/seed-thresholds.tar; a folder that holds them skips the freeze). Both phases together stop
+#           SEED_LIMIT s (default 560) after the script starts, and the same command resumes them from the run store in
+#           $RUNS.
 #   LAYERS  blocks of the partial model the model gate runs (release-layers<N>, default 2)
 #   BLOCKS  block gate items at the full release model (default: "block24 block49")
 #   VARIANTS  provider variants the freezes calibrate from (default: sdpa-flash,sdpa-efficient)
@@ -18,10 +26,11 @@ LAYERS=${LAYERS:-2}
 BLOCKS=${BLOCKS:-"block24 block49"}
 VARIANTS=${VARIANTS:-sdpa-flash,sdpa-efficient}
 TH=${TH:-/tmp/h3-th}
+SEED_END=$(( $(date +%s) + ${SEED_LIMIT:-560} ))
 RUNS=${RUNS:-/tmp/h3-runs}
 [[ -d $TH ]] || cp -r thresholds "$TH"
 GATE=(python3 -m pytest -m gate --h3-model=release --h3-device=cuda --h3-thresholds="$TH" --h3-out="$RUNS" -q -rfE -p no:cacheprovider)
-SKIP="random-weight release preflight: the model gate at release runs on leading blocks (release-layers$LAYERS)"
+SKIP="random-weight release generation: the model gate at release runs on leading blocks (release-layers$LAYERS)"
 
 sampled() {  # sampled NAME LIMIT COMMAND...: phase with memory sampling
   local name=$1
@@ -75,5 +84,22 @@ if has folder; then
   sampled folder-model-check 300 "${FOLDER_GATE[@]}" tests/gates/test_model.py::test_model \
     --junitxml="$OUT/folder-model-junit.xml"
 fi
-( cd "$TH" && find . -name "*.json" | tar -cf "$OUT/thresholds.tar" -T - )
+if has seed-freeze || has seed-check; then
+  SEED_TH=${SEED_TH:-/tmp/h3-th-seed}
+  [[ -d $SEED_TH ]] || cp -r benchmarks/release-seed/thresholds "$SEED_TH"
+  SEED_GATE=("${GATE[@]/--h3-thresholds=$TH/--h3-thresholds=$SEED_TH}" "tests/gates/test_generation.py::test_generation[seed42]")
+  seed_left() { echo $(( SEED_END - $(date +%s) )); }
+  SEED_BOUNDS=$SEED_TH/release/cuda-nvidia-h200/generation-bounds.json
+  if has seed-freeze && [[ ! -f $SEED_BOUNDS ]]; then
+    sampled seed-freeze "$(seed_left)" "${SEED_GATE[@]}" --h3-freeze --h3-variants="${SEED_VARIANTS:-sdpa-flash}"
+  fi
+  if has seed-check && [[ -f $SEED_BOUNDS ]] && (( $(seed_left) > 60 )); then
+    sampled seed-check "$(seed_left)" "${SEED_GATE[@]}" --h3-verify-last-step --h3-skip-model-gate="$SKIP" --junitxml="$RUNS/seed-junit.xml"
+    grep -E "(same_start|determinism|psnr|ssim|temporal|audio)" "$OUT/seed-check.log" | head -20
+  fi
+  ( cd "$SEED_TH" && tar -cf "$OUT/seed-thresholds.tar" . )
+fi
+if has golden-attention || has model || has block || has gen-freeze || has gen-check || has folder; then
+  ( cd "$TH" && find . -name "*.json" | tar -cf "$OUT/thresholds.tar" -T - )
+fi
 ls "$OUT"
