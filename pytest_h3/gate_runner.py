@@ -73,9 +73,11 @@ def _result(item) -> GateResult:
         reason = str(error).strip().splitlines()[0]
     except Preempted as preempted:
         # Not a KeyboardInterrupt out of the item, which xdist takes for a crash of its worker: the item is skipped
-        # with the line that says where it stopped, and the session stops after it (under xdist, every worker).
+        # with the line that says where it stopped, and the session stops after it (a worker through shouldstop; one
+        # process in pytest_runtest_protocol, as pytest's banner of a shouldstop would say it twice).
         item.session.ledger.preempted[item.node.nodeid] = str(preempted)
-        item.node.session.shouldstop = str(preempted)
+        if distribution.worker_index() is not None:
+            item.node.session.shouldstop = str(preempted)
         raise pytest.skip.Exception(str(preempted)) from None
     # Past the except block the error and its traceback are gone, and with them the frames that held the item's
     # tensors: the next item starts on a free GPU instead of running out of memory in turn.

@@ -381,8 +381,18 @@ def pytest_runtestloop(session):
             if h3 is None or worker or not (h3.ledger.preempted or received):
                 raise
             h3.interrupted = signal.Signals(received[0]).name if received else "a signal"
-            session.shouldstop = False  # the summary says it, once
             return True
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """In one process, a preempted generation ends the session once its skip is reported, as a Ctrl-C ends it
+    (:func:`pytest_runtestloop` takes it); a worker stops through ``session.shouldstop`` instead."""
+    result = yield
+    h3 = item.config.stash.get(SESSION_KEY, None)
+    if h3 is not None and item.nodeid in h3.ledger.preempted and not hasattr(item.config, "workerinput"):
+        raise KeyboardInterrupt(h3.ledger.preempted[item.nodeid])
+    return result
 
 
 @pytest.hookimpl(trylast=True)

@@ -285,8 +285,10 @@ def resumed(results: dict[str, dict]) -> list[str]:
     def walk(nodeid: str, value) -> None:
         if isinstance(value, dict):
             if value.get("resumed_at_step"):
+                verified = value.get("verified_step")
                 lines.append(f"{nodeid}: resumed {value['run_folder']} at step {value['resumed_at_step']}, the steps "
-                             "before it replayed as saved")
+                             "before it replayed as saved" + ("" if verified is None else
+                                                             f", step {verified + 1} recomputed bitwise equal"))
             for child in value.values():
                 walk(nodeid, child)
 

@@ -175,7 +175,9 @@ def verify_command(session, path: Path, statement: dict) -> str:
 
     from h3gate.evidence.signing import PRIVATE_KEY_NAME, PUBLIC_KEY_NAME, keyid
 
-    thresholds = Path(os.path.relpath(session.thresholds)) if session.thresholds.is_absolute() else session.thresholds
+    thresholds = session.thresholds  # relative where it lies under the working folder, as a user names it
+    if thresholds.is_absolute() and thresholds.is_relative_to(Path.cwd()):
+        thresholds = thresholds.relative_to(Path.cwd())
     parts = ["h3gate", "verify", str(path), f"--thresholds={thresholds}",
              f"--profile={statement['predicate']['h3']['profile']['name']}"]
     key = session.settings.sign_key

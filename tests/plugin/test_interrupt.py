@@ -1,7 +1,8 @@
-"""A Ctrl-C under xdist: the session ends in the line "preempted at step k/N; run the same command to resume" and
-nothing else of the interrupt (no KeyboardInterrupt banner, no traceback, no crashed worker); the same command then
-resumes each generation and says at which step. An item that fails once a signal came (its compiler killed by the
-same Ctrl-C) is interrupted, unrecorded, not failed."""
+"""A Ctrl-C, in one process or under xdist: the session ends in the line "preempted at step k/N; run the same command
+to resume" and nothing else of the interrupt (no KeyboardInterrupt banner, no traceback, no crashed worker, no
+warning); the same command then resumes each generation and says at which step (and, with --h3-verify-last-step, that
+the last saved step was recomputed bitwise). An item that fails once a signal came (its compiler killed by the same
+Ctrl-C) is interrupted, unrecorded, not failed."""
 
 import os
 import shutil
@@ -53,18 +54,19 @@ def project(pytester):
     return pytester
 
 
-def session(project, **environment) -> subprocess.CompletedProcess:
-    """The gate suite's generation items on two xdist workers, in a process group of its own, as a terminal starts
-    it: its Ctrl-C reaches that group only."""
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", "--h3-device=cpu",
+def session(project, workers, **environment) -> subprocess.CompletedProcess:
+    """The gate suite's generation items (on ``workers``: xdist's options), in a process group of its own, as a
+    terminal starts it: its Ctrl-C reaches that group only."""
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *workers, "--h3-device=cpu",
                "--h3-candidate=provider", "--h3-skip-model-gate=the model gate is not under test", "-k",
                "test_generation and not preflight"]
     return subprocess.run(command, cwd=project.path, env={**os.environ, **environment}, capture_output=True, text=True,
                           timeout=600, start_new_session=True)
 
 
-def test_ctrl_c_under_xdist_says_where_each_generation_stopped_and_nothing_else(project):
-    interrupted = session(project, H3_TEST_CTRL_C=str(project.path / "ctrl-c-sent"))
+@pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "2"]], ids=["one process", "xdist"])
+def test_ctrl_c_says_where_each_generation_stopped_and_nothing_else(project, workers):
+    interrupted = session(project, workers, H3_TEST_CTRL_C=str(project.path / "ctrl-c-sent"))
     output = interrupted.stdout + interrupted.stderr
     assert interrupted.returncode == pytest.ExitCode.INTERRUPTED, output
     # A generation the signal met after its run had finished (decoding, say) has nothing to resume, and says so.
@@ -75,14 +77,16 @@ def test_ctrl_c_under_xdist_says_where_each_generation_stopped_and_nothing_else(
                if line not in preempted), output
     assert any(line.startswith("test_gates.py::test_generation[seed") and ": preempted at step 3/7" in line
                for line in preempted), output
-    for noise in ("KeyboardInterrupt", "Traceback", "!!!", "crashed", "node down", "INTERNALERROR", "Interrupted"):
+    for noise in ("KeyboardInterrupt", "Traceback", "!!!", "crashed", "node down", "INTERNALERROR", "Interrupted",
+                  "Warning"):
         assert noise not in output, f"{noise!r} in:\n{output}"
 
-    resumed = session(project)
+    resumed = session(project, workers + ["--h3-verify-last-step"])
     assert resumed.returncode == pytest.ExitCode.OK, resumed.stdout + resumed.stderr
     lines = [line for line in resumed.stdout.splitlines() if ": resumed " in line]
     assert len(lines) >= len(preempted), resumed.stdout
-    assert any(" at step 4/7, the steps before it replayed as saved" in line for line in lines), resumed.stdout
+    assert any(line.endswith(" at step 4/7, the steps before it replayed as saved, step 3 recomputed bitwise equal")
+               for line in lines), resumed.stdout
 
 
 # A gate whose first item's compiler dies of the Ctrl-C that reached the whole process group: the signal comes, and
