@@ -87,6 +87,9 @@ def test_ctrl_c_says_where_each_generation_stopped_and_nothing_else(project, wor
     assert len(lines) >= len(preempted), resumed.stdout
     assert any(line.endswith(" at step 4/7, the steps before it replayed as saved, step 3 recomputed bitwise equal")
                for line in lines), resumed.stdout
+    if "-n" not in workers:  # the step bar says it as the run starts (xdist workers draw no bars)
+        assert "the 2 saved steps replayed and saved step 3 recomputed, to equal it bitwise" in resumed.stderr, \
+            resumed.stderr
 
 
 # A gate whose first item's compiler dies of the Ctrl-C that reached the whole process group: the signal comes, and

@@ -301,10 +301,11 @@ class Run:
         if self.saved and self.finished is None:  # an earlier run was cut short: this one goes on where it stopped
             self.resumed_at = f"{len(self.saved) + 1}/{self.total}"
             if self.progress is not None:
-                verified = (f", step {len(self.saved)} recomputed to equal its saved output"
-                            if self.verify_last_step else "")
-                self.progress.write(f"{self.label}: resumed at step {self.resumed_at} ({self.folder}), the "
-                                    f"{len(self.saved)} saved steps replayed{verified}\n")
+                count = len(self.saved)
+                replayed = (f"{count - 1} saved steps replayed and saved step {count} recomputed, to equal it bitwise"
+                            if self.verify_last_step else f"{count} saved steps replayed")
+                self.progress.write(f"{self.label}: resumed at step {self.resumed_at} ({self.folder}), "
+                                    f"the {replayed}\n")
         self._pool = ThreadPoolExecutor(STORE_THREADS, thread_name_prefix="h3gate-store")
         self._writer = _Writer()
         self._bar = tqdm(
