@@ -57,7 +57,7 @@ def _interrupted(item, noted: int) -> None:
     name = signal.Signals(distribution.SIGNALS[-1]).name
     message = (f"interrupted by {name} while it ran (the signal reached the compilers and subprocesses it started): "
                "no verdict recorded; run the same command to run it again")
-    if distribution.worker_index() is None:
+    if not hasattr(item.node.config, "workerinput"):  # not the environment's PYTEST_XDIST_WORKER: a child inherits it
         raise KeyboardInterrupt(message) from None
     item.node.session.shouldstop = f"stopped by {name}"
     raise pytest.skip.Exception(message) from None
@@ -76,7 +76,7 @@ def _result(item) -> GateResult:
         # with the line that says where it stopped, and the session stops after it (a worker through shouldstop; one
         # process in pytest_runtest_protocol, as pytest's banner of a shouldstop would say it twice).
         item.session.ledger.preempted[item.node.nodeid] = str(preempted)
-        if distribution.worker_index() is not None:
+        if hasattr(item.node.config, "workerinput"):
             item.node.session.shouldstop = str(preempted)
         raise pytest.skip.Exception(str(preempted)) from None
     # Past the except block the error and its traceback are gone, and with them the frames that held the item's

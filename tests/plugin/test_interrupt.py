@@ -66,7 +66,9 @@ def session(project, workers, **environment) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "2"]], ids=["one process", "xdist"])
 def test_ctrl_c_says_where_each_generation_stopped_and_nothing_else(project, workers):
-    interrupted = session(project, workers, H3_TEST_CTRL_C=str(project.path / "ctrl-c-sent"))
+    # PYTEST_XDIST_WORKER as a session started by a test on an xdist worker inherits it: a process is a worker by its
+    # config, not by its environment.
+    interrupted = session(project, workers, H3_TEST_CTRL_C=str(project.path / "ctrl-c-sent"), PYTEST_XDIST_WORKER="gw1")
     output = interrupted.stdout + interrupted.stderr
     assert interrupted.returncode == pytest.ExitCode.INTERRUPTED, output
     # A generation the signal met after its run had finished (decoding, say) has nothing to resume, and says so.
