@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's GPU command on a GPU machine, per model in MODELS (default: tiny edge small), each timed, against the
 # committed CUDA bounds: `pytest -m gate tests/gates --h3-device=cuda -n auto --h3-workers-per-gpu=8` (edge ships the
-# model and block gates' files only: its run keeps those gates and their power items). Logs, JUnit and per-item
-# durations in $OUT. With PHASES="freeze check", first freezes what is missing of each model's CUDA bounds (and packs
+# model and block gates' files only: its run keeps those gates and their power items). Logs and per-item durations in
+# $OUT; each run's JUnit file under its --h3-out (RUNS/MODEL/junit.xml), where its evidence lists it. With
+# PHASES="freeze check", first freezes what is missing of each model's CUDA bounds (and packs
 # thresholds/ into $OUT/thresholds.tar to commit).
 #   REFREEZE="reason"  replace the committed CUDA bounds (the reason is recorded in them).
 #   H3_WORKERS_PER_GPU  xdist workers sharing the GPU (default 8).
@@ -36,7 +37,7 @@ if [[ " $PHASES " == *" check "* ]]; then
     gates_of "$model"
     phase "check-$model" "${CHECK_LIMIT:-280}" python3 -m pytest "${GATES[@]}" -n auto \
       --h3-workers-per-gpu="${H3_WORKERS_PER_GPU:-8}" -q -rfE --durations=0 --h3-out="${RUNS:-$OUT}/$model" \
-      --junitxml="${RUNS:-$OUT}/$model-junit.xml"
+      --junitxml="${RUNS:-$OUT}/$model/junit.xml"
     grep -E "^(FAILED|ERROR)" "$OUT/check-$model.log" | cut -c1-300 | head -20
   done
 fi
