@@ -65,7 +65,14 @@ def cpu_run(option: str) -> bool:
     return option == "auto" and not any(DEVICE_NODES.glob("nvidia[0-9]*"))
 
 
+def is_worker(config) -> bool:
+    """Whether this process is an xdist worker: by its config, which xdist gives a ``workerinput``; not by
+    ``PYTEST_XDIST_WORKER``, which a pytest started from a worker inherits."""
+    return hasattr(config, "workerinput")
+
+
 def worker_index() -> int | None:
+    """The xdist worker's index from its environment, for the steps before a config exists (pinning the GPU)."""
     match = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
     return int(match.group(1)) if match else None
 

@@ -57,7 +57,7 @@ def _interrupted(item, noted: int) -> None:
     name = signal.Signals(distribution.SIGNALS[-1]).name
     message = (f"interrupted by {name} while it ran (the signal reached the compilers and subprocesses it started): "
                "no verdict recorded; run the same command to run it again")
-    if not hasattr(item.node.config, "workerinput"):  # not the environment's PYTEST_XDIST_WORKER: a child inherits it
+    if not distribution.is_worker(item.node.config):
         raise KeyboardInterrupt(message) from None
     item.node.session.shouldstop = f"stopped by {name}"
     raise pytest.skip.Exception(message) from None
@@ -76,7 +76,7 @@ def _result(item) -> GateResult:
         # with the line that says where it stopped, and the session stops after it (a worker through shouldstop; one
         # process in pytest_runtest_protocol, as pytest's banner of a shouldstop would say it twice).
         item.session.ledger.preempted[item.node.nodeid] = str(preempted)
-        if hasattr(item.node.config, "workerinput"):
+        if distribution.is_worker(item.node.config):
             item.node.session.shouldstop = str(preempted)
         raise pytest.skip.Exception(str(preempted)) from None
     # Past the except block the error and its traceback are gone, and with them the frames that held the item's
@@ -171,7 +171,8 @@ def _wait_for(item, required: str, gate_run: registry.GateRun) -> None:
     """Under xdist the required gate may still run on another worker (in one process it ran before: the registry's
     order); every item of it records its outcome under this run's id, so this ends when it ends, passed or not."""
     session = item.session
-    if gate_run.required_override or not session.gates_scheduled.get(required) or distribution.worker_index() is None:
+    if gate_run.required_override or not session.gates_scheduled.get(required) or \
+            not distribution.is_worker(item.node.config):
         return
     passes.wait(session.out, required, session.model, session.candidate.identity(), session.run_id,
                      gate_run.stream)

@@ -60,14 +60,14 @@ def pytest_configure(config):
         config.addinivalue_line("filterwarnings", line)
     settings = Settings.read(config)
     if settings.freeze:
-        if getattr(config, "workerinput", None) is not None or _xdist_workers(config):
+        if distribution.is_worker(config) or _xdist_workers(config):
             raise pytest.UsageError(
                 f"{FREEZE} refuses to run under xdist: freezing writes one bounds file and its lock; run it without -n"
             )
     elif settings.freeze_force or settings.variants:
         raise pytest.UsageError(f"{FREEZE_FORCE} and {VARIANTS} only apply together with {FREEZE}")
     h3 = config.stash[SESSION_KEY] = H3Session(config, settings)
-    if getattr(config, "workerinput", None) is None:  # the controller checks; its workers inherit good settings
+    if not distribution.is_worker(config):  # the controller checks; its workers inherit good settings
         h3.sign_key = validate(settings, getattr(config.option, "numprocesses", None))
     config.pluginmanager.register(h3.ledger, f"h3-ledger-{id(config)}")
 
@@ -105,7 +105,8 @@ def pytest_collection_modifyitems(session, config, items):
         kept, dropped = distribution.shard(items, spec)
         items[:] = kept
         h3.ledger.outside_shard.update(item.nodeid for item in dropped)
-    order = _gate_order(under_xdist=hasattr(config, "workerinput"), compiled=not distribution.cpu_run(h3.settings.device))
+    compiled = not distribution.cpu_run(h3.settings.device)
+    order = _gate_order(under_xdist=distribution.is_worker(config), compiled=compiled)
     items.sort(key=functools.partial(_rank, order=order))
     scheduled = {(gate_of(item) or {}).get("gate") for item in items}
     h3.gates_scheduled = {kind: kind in scheduled for kind in registry.kinds()}
@@ -367,7 +368,7 @@ def pytest_runtestloop(session):
     first_signal_held`): a worker outside a generation stops after its current item, and the controller ends when its
     workers have."""
     h3 = session.config.stash.get(SESSION_KEY, None)
-    worker = hasattr(session.config, "workerinput")
+    worker = distribution.is_worker(session.config)
 
     def stop_after_the_item(signum):
         session.shouldstop = f"stopped by {signal.Signals(signum).name}"
@@ -390,7 +391,7 @@ def pytest_runtest_protocol(item, nextitem):
     (:func:`pytest_runtestloop` takes it); a worker stops through ``session.shouldstop`` instead."""
     result = yield
     h3 = item.config.stash.get(SESSION_KEY, None)
-    if h3 is not None and item.nodeid in h3.ledger.preempted and not hasattr(item.config, "workerinput"):
+    if h3 is not None and item.nodeid in h3.ledger.preempted and not distribution.is_worker(item.config):
         raise KeyboardInterrupt(h3.ledger.preempted[item.nodeid])
     return result
 

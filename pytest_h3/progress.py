@@ -10,6 +10,8 @@ import sys
 
 from tqdm import tqdm
 
+from pytest_h3 import distribution
+
 
 class Terminal:
     def __init__(self, config):
@@ -36,7 +38,7 @@ def terminal(config) -> Terminal | None:
     """The stream the engine's bars and notes go to, or None in an xdist worker: workers share the controller's
     terminal, where their bars would interleave with each other's and with pytest's progress (what a worker's
     generation did, resumed or preempted, reaches the session's summary through its results)."""
-    return None if hasattr(config, "workerinput") else Terminal(config)
+    return None if distribution.is_worker(config) else Terminal(config)
 
 
 class Progress:

@@ -206,7 +206,7 @@ class H3Session:
                 raise pytest.UsageError(f"{CANDIDATE}={self.settings.candidate} cannot run {MODEL}="
                                         f"{self.settings.model}: {problem}; qualify it on a model it supports")
             # the controller writes the evidence; a --collect-only session writes none
-            if getattr(self.config, "workerinput", None) is None and not self.config.option.collectonly:
+            if not distribution.is_worker(self.config) and not self.config.option.collectonly:
                 from pytest_h3.session_evidence import check_joinable
 
                 check_joinable(self)
