@@ -3,7 +3,8 @@
 Usage (GPU): python benchmarks/gemm_tilings.py --op silu_linear --launcher _OUTER \
     --tilings 64x256x4x1,128x128x8x1,...
 
-A tiling is BLOCK_M x BLOCK_N x num_warps x num_stages; each is forced on the launcher
+A tiling is BLOCK_M x BLOCK_N x num_warps x num_stages (BLOCK_K x num_warps x num_stages for the few-rows
+backward, whose tiles span all rows); each is forced on the launcher
 (``h3_triton.tuning.Launcher.forcing``) for the whole forward+backward, timed with ``triton.testing.do_bench``
 (median wall time, which includes the host's launch work), and by the sum of its kernels' durations in a
 torch.profiler trace (GPU time alone), beside the provider's forward+backward in the same run. Every gradient is compared with the one of the
@@ -25,9 +26,12 @@ from h3gate.bench import RELEASE, _forward_backward, cases, median_ms
 
 def _tiling(text: str, first: triton.Config) -> triton.Config:
     """``text``'s tiling, with the other sizes of the launcher's first tiling (BLOCK_K, GROUP_M)."""
-    block_m, block_n, warps, stages = (int(part) for part in text.split("x"))
-    fixed = {key: value for key, value in first.kwargs.items() if key not in ("BLOCK_M", "BLOCK_N")}
-    return triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n, **fixed}, num_warps=warps, num_stages=stages)
+    *sizes, warps, stages = (int(part) for part in text.split("x"))
+    names = [name for name in ("BLOCK_M", "BLOCK_N") if name in first.kwargs] or ["BLOCK_K"]
+    if len(sizes) != len(names):
+        raise SystemExit(f"tiling {text!r}: give {' x '.join(names)} x num_warps x num_stages")
+    fixed = {key: value for key, value in first.kwargs.items() if key not in names}
+    return triton.Config({**dict(zip(names, sizes)), **fixed}, num_warps=warps, num_stages=stages)
 
 
 def gpu_ms(step, repeats: int = 10) -> float:
@@ -64,7 +68,8 @@ def _gradients(fn, inputs: dict) -> list[torch.Tensor]:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--op", default="silu_linear", choices=("linear", "silu_linear"))
-    parser.add_argument("--launcher", default="_OUTER", choices=("_TILED", "_SKINNY", "_OUTER", "_DESCRIBED"))
+    parser.add_argument("--launcher", default="_OUTER",
+                        choices=("_TILED", "_SKINNY", "_OUTER", "_DESCRIBED", "_FEW_ROWS_BACKWARD"))
     parser.add_argument("--tilings", required=True, help="comma-separated BLOCK_MxBLOCK_Nxwarpsxstages")
     args = parser.parse_args(argv)
     launcher = getattr(gemm, args.launcher)

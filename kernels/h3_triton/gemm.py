@@ -14,12 +14,18 @@ depends on the shape alone: a skinny product with a long K (its input gradient, 
 4,096 reduced in parallel and their float32 sums added in chunk order by a second kernel; a product over at most
 16 reduction indices (its weight gradient over the rows, its bias gradient summed on the way) is a sum of outer
 products, one multiply-add per element and index. On an H200 they took the AdaLN's forward+backward from 1.312 to
-0.641 ms at the first tilings (``benchmarks/results/h200-perf/silu-linear-*.log``).
+0.641 ms at the first tilings (``benchmarks/results/h200-perf/silu-linear-*.log``). When both the input and the
+weight need gradients (the AdaLN in training, the text tokens' projections), one kernel does the whole backward
+over at most 16 rows with those same bits (:func:`_few_rows_backward_kernel`): W is read once for dX while dW is
+written beside it, and the chunk sums are added by the last program of each column tile, in chunk order, so three
+launches become one. The step was host-bound: each Triton launch costs the host far more than the GPU time of
+these kernels.
 
 Rows: an input (..., K) is addressed without copies when its leading dimensions collapse to at most two
 strides (``outer``, ``inner``), which covers 2-D and 3-D slices of larger buffers. The reduction over rows of
-the weight and bias gradients loops over outer blocks and then inner rows in a fixed order; no atomics, so
-results are bitwise reproducible.
+the weight and bias gradients loops over outer blocks and then inner rows in a fixed order; the one atomic (the
+few-rows backward's counter) decides only which program adds the chunks, not their order, so results are bitwise
+reproducible.
 
 bfloat16 products of large matrices (the block's projections, forward and backward) take a second kernel when
 their layouts allow it, the Hopper recipe: operands read through tensor descriptors (TMA bulk copies into shared
@@ -61,9 +67,10 @@ _CHUNK_SUM_N = 128
 def _row_offsets(rows, inner, s_outer, s_inner, SPLIT: tl.constexpr):
     """int64 offsets of row indices laid out as ``rows // inner`` blocks of ``inner`` rows.
 
-    The unsplit case skips the division so Triton still sees contiguous rows (vectorised loads of A^T).
+    The unsplit case skips the division so Triton still sees contiguous rows (vectorised loads of A^T). ``rows``
+    may be one index (a loop variable: a plain int under the interpreter).
     """
-    rows = rows.to(tl.int64)
+    rows = tl.cast(rows, tl.int64)
     if SPLIT:
         return (rows // inner) * s_outer + (rows % inner) * s_inner
     else:
@@ -235,6 +242,99 @@ def _outer_kernel(
                  z_ptr, s_z_mo, s_z_mi, s_z_n, M_SPLIT, HAS_BIAS, SILU_GRAD, INTERPRETED)
 
 
+@triton.jit
+def _few_rows_backward_kernel(
+    dy_ptr, x_ptr, w_ptr, dx_ptr, dw_ptr, dbias_ptr, partial_ptr, count_ptr,
+    N, K, R_INNER, N_CHUNK, CHUNKS,
+    s_dy_mo, s_dy_mi, s_dy_n,
+    s_x_mo, s_x_mi, s_x_k,
+    s_w_n, s_w_k,
+    s_dx_mo, s_dx_mi, s_dx_k,
+    s_dw_n, s_dw_k,
+    s_dbias,
+    R: tl.constexpr, M_SPLIT: tl.constexpr, SILU: tl.constexpr, HAS_DBIAS: tl.constexpr, INTERPRETED: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """The whole backward of ``y = act(x) @ W^T (+ b)`` over R <= _SKINNY_ROWS rows in one pass over W: program
+    (k, j) takes columns k * BLOCK_K.. of W and chunk j of its N rows (N_CHUNK of them, _K_CHUNK or all N).
+
+    For each 64-row step of its chunk it adds dY[:, step] @ W[step, columns] into its dX tile (the skinny kernel's
+    64-deep steps, in the same order) and writes dW[step, columns] = sum over r of dY[r, step]^T act(x[r, columns]),
+    one multiply-add per row in row order (the outer-product kernel's arithmetic); the programs of the first column
+    tile also write dbias = dY's column sums (``HAS_DBIAS``). With one chunk its dX tile is finished (* silu'(x))
+    and stored; with CHUNKS > 1 it stores its float32 partial, and the last program of the column tile to finish
+    (a counter per tile, zero before the launch and reset by that program) adds the CHUNKS partials in chunk order
+    and finishes dX: the split-K kernel and its chunk sum, bit for bit, in one launch.
+
+    R is a constexpr (a kernel per row count, at most 16): the loop over rows unrolls, so the loop over W's rows
+    holds no loop of its own (with a runtime R, 534 us on an H200 at the AdaLN's release shape, 40% of the DRAM
+    bandwidth; with R unrolled 427 us, 50%, both at 128 columns, 4 warps, 3 stages).
+    """
+    STEP: tl.constexpr = 64
+    ROWS: tl.constexpr = 16
+    pid_k = tl.program_id(0)
+    chunk = tl.program_id(1).to(tl.int64)
+    n_start = chunk * N_CHUNK
+    n_len = tl.minimum(N - n_start, N_CHUNK)
+    rr = tl.arange(0, ROWS)
+    rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    rs = tl.arange(0, STEP)
+    in_r = rr < R
+    in_k = rk < K
+    dy_rows = dy_ptr + _row_offsets(rr, R_INNER, s_dy_mo, s_dy_mi, M_SPLIT)
+    w_cols = w_ptr + rk.to(tl.int64) * s_w_k
+    dw_cols = dw_ptr + rk.to(tl.int64) * s_dw_k
+    acc = tl.zeros((ROWS, BLOCK_K), dtype=tl.float32)
+    for step in range(0, n_len, STEP):
+        n = n_start + step + rs
+        in_n = rs < n_len - step
+        g = tl.load(dy_rows[:, None] + n[None, :] * s_dy_n, mask=in_r[:, None] & in_n[None, :], other=0.0)
+        w = tl.load(w_cols[None, :] + n[:, None] * s_w_n, mask=in_n[:, None] & in_k[None, :], other=0.0)
+        acc = mma(g, w, acc, INTERPRETED)
+        dw = tl.zeros((STEP, BLOCK_K), dtype=tl.float32)
+        sums = tl.zeros((STEP,), dtype=tl.float32)
+        for r in tl.static_range(R):
+            g_r = tl.load(dy_ptr + _row_offsets(r, R_INNER, s_dy_mo, s_dy_mi, M_SPLIT) + n * s_dy_n, mask=in_n,
+                          other=0.0)
+            x_r = tl.load(x_ptr + _row_offsets(r, R_INNER, s_x_mo, s_x_mi, M_SPLIT) + rk * s_x_k, mask=in_k,
+                          other=0.0)
+            if SILU:
+                x_r = x_r.to(tl.float32)
+                x_r = to_dtype(x_r * tl.sigmoid(x_r), g_r.dtype, INTERPRETED)
+            dw += g_r.to(tl.float32)[:, None] * x_r.to(tl.float32)[None, :]
+            sums += g_r.to(tl.float32)
+        tl.store(dw_cols[None, :] + n.to(tl.int64)[:, None] * s_dw_n, to_dtype(dw, dw_ptr.dtype.element_ty, INTERPRETED),
+                 mask=in_n[:, None] & in_k[None, :])
+        if HAS_DBIAS:
+            if pid_k == 0:
+                tl.store(dbias_ptr + n * s_dbias, to_dtype(sums, dbias_ptr.dtype.element_ty, INTERPRETED), mask=in_n)
+    in_dx = in_r[:, None] & in_k[None, :]
+    if CHUNKS > 1:
+        tile = rr[:, None] * K + rk[None, :]
+        tl.store(partial_ptr + chunk * R * K + tile, acc, mask=in_dx)
+        # Every thread's partial is written before the counter moves (release), and read after it (acquire).
+        tl.debug_barrier()
+        if tl.atomic_add(count_ptr + pid_k, 1, sem="acq_rel", scope="gpu") == CHUNKS - 1:
+            tl.debug_barrier()
+            acc = tl.zeros((ROWS, BLOCK_K), dtype=tl.float32)
+            for j in range(0, CHUNKS):
+                acc += tl.load(partial_ptr + j * R * K + tile, mask=in_dx, other=0.0, cache_modifier=".cg")
+            _finish_dx(acc, rr, rk, R, K, R_INNER, dx_ptr, s_dx_mo, s_dx_mi, s_dx_k, x_ptr, s_x_mo, s_x_mi, s_x_k,
+                       M_SPLIT, SILU, INTERPRETED)
+            tl.store(count_ptr + pid_k, 0)
+    else:
+        _finish_dx(acc, rr, rk, R, K, R_INNER, dx_ptr, s_dx_mo, s_dx_mi, s_dx_k, x_ptr, s_x_mo, s_x_mi, s_x_k,
+                   M_SPLIT, SILU, INTERPRETED)
+
+
+@device_function
+def _finish_dx(acc, rr, rk, R, K, R_INNER, dx_ptr, s_dx_mo, s_dx_mi, s_dx_k, x_ptr, s_x_mo, s_x_mi, s_x_k,
+               M_SPLIT: tl.constexpr, SILU: tl.constexpr, INTERPRETED: tl.constexpr):
+    """dX = acc (* silu'(x) under ``SILU``), stored in dX's dtype: :func:`_finish_tile`'s epilogue, no bias."""
+    _finish_tile(acc, rr, rk, R, K, R_INNER, dx_ptr, s_dx_mo, s_dx_mi, s_dx_k, dx_ptr, 0,
+                 x_ptr, s_x_mo, s_x_mi, s_x_k, M_SPLIT, False, SILU, INTERPRETED)
+
+
 @device_function
 def _operand_descriptor(ptr, MN, K, stride, TRANSPOSED: tl.constexpr, BLOCK_MN: tl.constexpr, BLOCK_K: tl.constexpr):
     """A tensor descriptor of an (MN, K) operand stored (MN, K), or (K, MN) when ``TRANSPOSED``, with row stride
@@ -338,6 +438,21 @@ _OUTER = Launcher(
     key=["M", "N", "K", "K_INNER", "s_c_mi", "s_c_n"],
     interpreter={"BLOCK_M": 128, "BLOCK_N": 128},
     sized_by="b_ptr",
+)
+
+
+# The whole backward over few rows in one launch (the AdaLN's: W 96,768 x 2,688 read once for dX while dW is
+# written beside it): a tile of BLOCK_K columns per program. In GPU time at the AdaLN's release shape on an H200,
+# with its forward (benchmarks/results/h200-perf/silu-linear/few-rows-tilings.log): 64 x 2 warps x 3 stages
+# 0.525 ms, 128 x 8 x 3 0.532, 128 x 4 x 4 0.568, 128 x 4 x 3 0.569, 256 x 8 x 3 0.571 (the provider 0.406).
+# float32 takes half as wide a tile (its W step and dW tile double in bytes).
+_FEW_ROWS_BACKWARD = Launcher(
+    _few_rows_backward_kernel,
+    {2: configs([(64, 2, 3), (128, 8, 3), (128, 4, 4), (128, 4, 3), (256, 8, 3)], ("BLOCK_K",)),
+     4: configs([(64, 4, 3), (128, 8, 2)], ("BLOCK_K",))},
+    key=["N", "K", "CHUNKS"],
+    interpreter={"BLOCK_K": 128},
+    sized_by="w_ptr",
 )
 
 
@@ -489,6 +604,37 @@ def _matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, *, bias: torc
         )
 
 
+def _few_rows_backward(dy: _Mat, x: _Mat, dx: _Mat, weight: torch.Tensor, dweight: torch.Tensor,
+                       dbias: torch.Tensor | None, rows: _Axis, silu: bool) -> bool:
+    """dX, dW (and dbias) of at most _SKINNY_ROWS rows in one launch of :func:`_few_rows_backward_kernel`, with the
+    bits the split-K (or skinny) and outer-product kernels give them apart; False, having done nothing, for more
+    rows or an empty axis."""
+    (n, k), r = weight.shape, rows.count
+    if not 0 < r <= _SKINNY_ROWS or n == 0 or k == 0:
+        return False
+    chunks = triton.cdiv(n, _K_CHUNK) if n > 2 * _K_CHUNK else 1
+    partial = count = dx.t
+    if chunks > 1:
+        partial = torch.empty((chunks, r, k), dtype=torch.float32, device=dx.t.device)
+        count = _tile_counters(k, dx.t.device)
+    _FEW_ROWS_BACKWARD(
+        lambda meta: (triton.cdiv(k, meta["BLOCK_K"]), chunks),
+        dy.t, x.t, weight, dx.t, dweight, dx.t if dbias is None else dbias, partial, count,
+        n, k, rows.inner, _K_CHUNK if chunks > 1 else n, chunks,
+        *dy.rows, dy.cols[1], *x.rows, x.cols[1], weight.stride(0), weight.stride(1), *dx.rows, dx.cols[1],
+        dweight.stride(0), dweight.stride(1), 0 if dbias is None else dbias.stride(0),
+        R=r, M_SPLIT=rows.inner != rows.count, SILU=silu, HAS_DBIAS=dbias is not None, INTERPRETED=INTERPRET,
+        branches={"split_k": chunks > 1},
+    )
+    return True
+
+
+def _tile_counters(k: int, device: torch.device) -> torch.Tensor:
+    """Zeroed counters of :func:`_few_rows_backward_kernel`, one per column tile of any width from 16; the kernel
+    leaves them zero again, so the autotuner's repeated launches on the same arguments count afresh."""
+    return torch.zeros((triton.cdiv(k, 16),), dtype=torch.int32, device=device)
+
+
 def _column_sums(b: _Mat, n: int, k: _Axis, sums: torch.Tensor) -> None:
     """``sums`` (n,) = ones(1, k) @ b: B's column sums in ``sums``' dtype (a bias gradient)."""
     ones = torch.ones((1,), dtype=b.t.dtype, device=b.t.device)
@@ -516,14 +662,15 @@ class _Linear(torch.autograd.Function):
             # Autograd hands gradients in whatever layout the next op produced; a contiguous copy always
             # shares the rows of x, whose layout the forward accepted.
             dy = dy.contiguous()
-        dx = dweight = None
         dbias = torch.empty((N,), dtype=weight.dtype, device=dy.device) if ctx.needs_input_grad[2] else None
-        if ctx.needs_input_grad[0]:
-            dx = torch.empty_like(x, memory_format=torch.contiguous_format)
-            rows, (dym, dxm, xm) = _row_split(dy, dx, x)
+        dx = torch.empty_like(x, memory_format=torch.contiguous_format) if ctx.needs_input_grad[0] else None
+        dweight = torch.empty_like(weight, memory_format=torch.contiguous_format) if ctx.needs_input_grad[1] else None
+        if dx is not None:
+            rows, (dym, xm, dxm) = _row_split(dy, x, dx)
+            if dweight is not None and _few_rows_backward(dym, xm, dxm, weight, dweight, dbias, rows, ctx.silu):
+                return dx, dweight, dbias, None
             _matmul(dym, _Mat.of_weight(weight), dxm, rows, K, _Axis.flat(N), z=xm if ctx.silu else None)
-        if ctx.needs_input_grad[1]:
-            dweight = torch.empty_like(weight, memory_format=torch.contiguous_format)
+        if dweight is not None:
             rows, (xm, dym) = _row_split(x, dy)
             _matmul(xm.T, dym, _Mat.of_weight(dweight).T, _Axis.flat(K), N, rows, a_silu=ctx.silu, b_sums=dbias)
         elif dbias is not None:

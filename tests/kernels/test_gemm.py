@@ -30,23 +30,24 @@ def carved(shape, dtype, seed, pad=(PAD,)):
     return view
 
 
-def run(fn, inputs, dy):
-    """Output and the gradients of every floating input for ``fn(*inputs)`` back-propagated with ``dy``."""
-    leaves = [None if t is None else t.detach().requires_grad_() for t in inputs]
+def run(fn, inputs, dy, frozen=()):
+    """Output and the gradients of every input for ``fn(*inputs)`` back-propagated with ``dy``, but those of the
+    inputs at the indices ``frozen`` (which need none)."""
+    leaves = [None if t is None else t.detach().requires_grad_(i not in frozen) for i, t in enumerate(inputs)]
     y = fn(*leaves)
     y.backward(dy)
-    return [y.detach()] + [t.grad for t in leaves if t is not None]
+    return [y.detach()] + [t.grad for i, t in enumerate(leaves) if t is not None and i not in frozen]
 
 
 def rel_l2(a, ref):
     return ((a.double() - ref).norm() / ref.norm()).item()
 
 
-def check(candidate, low, inputs, dy, names):
+def check(candidate, low, inputs, dy, names, frozen=()):
     """Compare ``candidate`` and torch's ``low`` precision op on ``inputs`` with the float64 reference."""
-    got = run(candidate, inputs, dy)
-    torch_low = run(low, inputs, dy)
-    ref = run(low, [None if t is None else t.double() for t in inputs], dy.double())
+    got = run(candidate, inputs, dy, frozen)
+    torch_low = run(low, inputs, dy, frozen)
+    ref = run(low, [None if t is None else t.double() for t in inputs], dy.double(), frozen)
     assert len(names) == len(got) == len(torch_low), f"{len(got)} results for names {names}"
     for name, g, t, r in zip(names, got, torch_low, ref):
         assert g.dtype == t.dtype and g.shape == t.shape, f"{name}: {g.dtype} {g.shape} vs torch {t.dtype} {t.shape}"
@@ -111,15 +112,15 @@ def test_silu_linear(T, E, N, has_bias, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_split_k(dtype, monkeypatch):
-    """Skinny products with a long K (the AdaLN input gradient: K is silu_linear's N; linear's bias gradient: K is
-    the rows) are split K: accurate, and the split gradient has the same bits under every skinny tiling, since the
-    chunks follow K alone."""
+    """Skinny products with a long K (the AdaLN input gradient with its weight frozen: K is silu_linear's N;
+    linear's bias gradient: K is the rows) are split K: accurate, and the split gradient has the same bits under
+    every skinny tiling, since the chunks follow K alone."""
     counting = CountingLaunches(gemm._chunk_sum_kernel)
     monkeypatch.setattr(gemm, "_chunk_sum_kernel", counting)
     n = 2 * gemm._K_CHUNK + 70
     temb, weight, bias = carved((3, 40), torch.float32, 1), carved((n, 40), dtype, 2), carved((n,), dtype, 3)
     dy = carved((3, n), dtype, 4)
-    check(silu_linear, torch_silu_linear, [temb, weight, bias], dy, ["y", "dtemb", "dweight", "dbias"])
+    check(silu_linear, torch_silu_linear, [temb, weight, bias], dy, ["y", "dtemb", "dbias"], frozen=(1,))
     assert counting.launches == 1, "the input gradient did not take the split-K path"
     rows = 2 * gemm._K_CHUNK + 30
     x, w, b = carved((rows, 24), dtype, 5), carved((20, 24), dtype, 6), carved((20,), dtype, 7)
@@ -129,28 +130,68 @@ def test_split_k(dtype, monkeypatch):
     dtembs = []
     for config in tilings.values():
         with gemm._SKINNY.forcing(config):
-            dtembs.append(run(silu_linear, [temb, weight, bias], dy)[1])
+            dtembs.append(run(silu_linear, [temb, weight, bias], dy, frozen=(1,))[1])
     assert len(dtembs) >= 2
     assert all(torch.equal(dtembs[0], other) for other in dtembs[1:])
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 def test_short_reductions_are_outer_products(dtype, monkeypatch):
-    """Weight and bias gradients over at most 16 rows (the AdaLN's three) sum outer products, one per row in row
-    order: accurate, and the same bits under every tiling of that kernel."""
+    """Weight and bias gradients over at most 16 rows (the AdaLN's three) whose input needs no gradient sum outer
+    products, one per row in row order: accurate, and the same bits under every tiling of that kernel."""
     counting = CountingLaunches(gemm._OUTER.kernel)
     monkeypatch.setattr(gemm._OUTER, "kernel", counting)
     x, w, b = carved((2, 3, 72), dtype, 1, pad=(0, 1, 2)), carved((200, 72), dtype, 2), carved((200,), dtype, 3)
     dy = carved((2, 3, 200), dtype, 4)
-    check(linear, F.linear, [x, w, b], dy, ["y", "dx", "dweight", "dbias"])
+    check(linear, F.linear, [x, w, b], dy, ["y", "dweight", "dbias"], frozen=(0,))
     assert counting.launches == 1, "the weight and bias gradients did not take one outer-product launch"
     temb = carved((3, 72), torch.float32, 5)
     grads = []
     for config in gemm._OUTER.tilings[dtype.itemsize]:
         with gemm._OUTER.forcing(config):
-            grads.append([run(linear, [x, w, b], dy)[2:], run(silu_linear, [temb, w, b], dy[0])[2:]])
+            grads.append([run(linear, [x, w, b], dy, frozen=(0,))[1:],
+                          run(silu_linear, [temb, w, b], dy[0], frozen=(0,))[1:]])
     flat = [[t for pair in g for t in pair] for g in grads]
     assert len(flat) >= 2 and all(all(map(torch.equal, flat[0], other)) for other in flat[1:])
+
+
+FEW_ROWS = {  # (fn, input shape and dtype, out_features, bias, pad): both ops, one and several chunks, split rows
+    "silu-split-k": (silu_linear, (3, 40), torch.float32, 2 * gemm._K_CHUNK + 70, True, (PAD,)),
+    "silu-one-chunk": (silu_linear, (3, 72), torch.float32, 200, True, (PAD,)),
+    "linear-split-rows": (linear, (2, 3, 72), None, 2 * gemm._K_CHUNK + 70, False, (0, 1, 2)),
+    "linear-16-rows": (linear, (16, 24), None, 130, True, (PAD,)),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", FEW_ROWS)
+def test_few_rows_backward_is_one_launch_with_the_bits_of_the_products_apart(case, dtype, monkeypatch):
+    """The whole backward over at most 16 rows (the AdaLN's) runs in one launch: accurate, with dX bitwise the
+    split-K (or skinny) kernel's (weight frozen) and dW, dbias bitwise the outer-product kernel's (input frozen),
+    the same bits under every tiling of its launcher, and its tile counters left zero for a repeated launch."""
+    fn, x_shape, x_dtype, n, has_bias, pad = FEW_ROWS[case]
+    fused = CountingLaunches(gemm._FEW_ROWS_BACKWARD.kernel)
+    monkeypatch.setattr(gemm._FEW_ROWS_BACKWARD, "kernel", fused)
+    apart = [CountingLaunches(k) for k in (gemm._chunk_sum_kernel, gemm._OUTER.kernel)]
+    monkeypatch.setattr(gemm, "_chunk_sum_kernel", apart[0])
+    monkeypatch.setattr(gemm._OUTER, "kernel", apart[1])
+    counters = []
+    monkeypatch.setattr(gemm, "_tile_counters", lambda k, device: counters.append(torch.zeros(k, dtype=torch.int32,
+                                                                                            device=device)) or counters[0])
+    x = carved(x_shape, x_dtype or dtype, 1, pad)
+    w, dy = carved((n, x_shape[-1]), dtype, 2), carved((*x_shape[:-1], n), dtype, 4)
+    inputs = [x, w, carved((n,), dtype, 3) if has_bias else None]
+    low = torch_silu_linear if fn is silu_linear else F.linear
+    check(fn, low, inputs, dy, ["y", "dx", "dweight", "dbias"][: 4 if has_bias else 3])
+    assert fused.launches == 1 and apart[0].launches == apart[1].launches == 0, (fused.launches, apart)
+    together = run(fn, inputs, dy)
+    assert all(torch.equal(a, b) for a, b in zip(together, run(fn, inputs, dy))), "a repeated launch differs"
+    assert not counters or not counters[0].any(), "tile counters left nonzero"
+    assert torch.equal(together[1], run(fn, inputs, dy, frozen=(1,))[1])
+    assert all(map(torch.equal, together[2:], run(fn, inputs, dy, frozen=(0,))[1:]))
+    for config in gemm._FEW_ROWS_BACKWARD.tilings[dtype.itemsize]:
+        with gemm._FEW_ROWS_BACKWARD.forcing(config):
+            assert all(map(torch.equal, together, run(fn, inputs, dy))), config
 
 
 @pytest.mark.parametrize("in_features", [72, 1], ids=["wide", "one-column"])

@@ -26,18 +26,22 @@ from kernel_checks import CountingLaunches
 DEVICE = "cpu" if INTERPRET else "cuda"
 USERS = {
     "attention": (attention._fwd, attention._delta, attention._dkdv, attention._dkdv_described, attention._dq),
-    "linear": (gemm._TILED, gemm._DESCRIBED, gemm._SKINNY, gemm._OUTER),
-    "silu_linear": (gemm._TILED, gemm._SKINNY, gemm._OUTER),
+    "linear": (gemm._TILED, gemm._DESCRIBED, gemm._SKINNY, gemm._OUTER, gemm._FEW_ROWS_BACKWARD),
+    "silu_linear": (gemm._TILED, gemm._SKINNY, gemm._OUTER, gemm._FEW_ROWS_BACKWARD),
 }
 # Where an op's first example does not reach a launcher: 190 bfloat16 values are 380 bytes, not a multiple of
-# 16, so x and the weight take the pointer kernel; the skinny one computes linear's bias gradient; the outer one
-# the weight and bias gradients over at most 16 rows; silu_linear's weight gradient over more rows is tiled.
+# 16, so x and the weight take the pointer kernel; the skinny one computes linear's bias gradient; the few-rows
+# backward and the outer one run over at most 16 rows; silu_linear's weight gradient over more rows is tiled.
 DIMS = {
     ("linear", gemm._TILED): {**OP_SPECS["linear"].examples[0], "k": 190},
     ("linear", gemm._SKINNY): OP_SPECS["linear"].examples[1],
     ("linear", gemm._OUTER): {**OP_SPECS["linear"].examples[1], "rows": 5},
+    ("linear", gemm._FEW_ROWS_BACKWARD): {**OP_SPECS["linear"].examples[1], "rows": 5},
     ("silu_linear", gemm._TILED): {**OP_SPECS["silu_linear"].examples[0], "t": 40},
 }
+# The outer-product kernel computes the weight and bias gradients over few rows when the input needs no gradient;
+# the gate's examples need every gradient (the few-rows backward), so its sweep runs them as that case would.
+PRODUCTS_APART = (gemm._OUTER,)
 # Launchers that bfloat16 inputs reach only when tensor descriptors cannot read them (heads off 16-byte
 # boundaries); the examples are contiguous, so their sweep refuses descriptors as such a layout would.
 POINTER_PATHS = (attention._dkdv,)
@@ -91,6 +95,8 @@ def test_tiling(op, launcher, dtype, config, monkeypatch):
     dims = DIMS.get((op, launcher), spec.examples[0])
     if launcher in POINTER_PATHS:
         monkeypatch.setattr(attention, "aligned", lambda t, strides: False)
+    if launcher in PRODUCTS_APART:
+        monkeypatch.setattr(gemm, "_few_rows_backward", lambda *args: False)
     with launcher.forcing(config):
         checks = evaluate(spec, KERNEL_OPS[op], dims, dtype, DEVICE, seed=0)
     failed = [c.line() for c in checks if not c.passed]

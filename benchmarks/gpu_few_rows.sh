@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# The few-rows backward (silu_linear's AdaLN, h3_triton.gemm._few_rows_backward_kernel) on a GPU machine: its
+# tilings timed at the release shape (wall, GPU and host time beside the provider's, gemm_tilings.py), Nsight
+# Compute of one forward+backward of the candidate and the provider (SpeedOfLight), and the GEMM unit tests.
+# Then run `ONLY=linear benchmarks/gpu_kernels.sh` for the kernel gate and tilings of linear and silu_linear.
+set -uo pipefail
+source "$(dirname "$0")/gpu_setup.sh"
+export H3_TRITON_AUTOTUNE=0
+phase few-rows-tilings "${TILINGS_LIMIT:-100}" python3 benchmarks/gemm_tilings.py --op silu_linear \
+  --launcher _FEW_ROWS_BACKWARD --tilings "${FEW_ROWS_TILINGS:-128x4x3,256x8x3,64x4x3,128x8x2,128x4x4,256x4x3,64x4x4}"
+grep -v -i warn "$OUT/few-rows-tilings.log"
+for who in ${NCU_WHO:-candidate provider}; do
+  phase "ncu-silu-linear-bwd-$who" "${NCU_LIMIT:-50}" ncu --clock-control none --profile-from-start off --csv \
+    --page details --section SpeedOfLight python3 benchmarks/profile_op.py silu_linear --backward \
+    $([[ $who == provider ]] && echo --provider)
+  mv "$OUT/ncu-silu-linear-bwd-$who.log" "$OUT/ncu-silu-linear-bwd-$who.csv"
+  python3 benchmarks/ncu_summary.py "$OUT/ncu-silu-linear-bwd-$who.csv" --metrics "Duration,DRAM Throughput"
+done
+phase gemm-units "${UNITS_LIMIT:-90}" python3 -m pytest tests/kernels/test_gemm.py -n 8 --h3-workers-per-gpu=8 -q
+grep -E "^(FAILED|E  )|passed|failed" "$OUT/gemm-units.log" | head -20
