@@ -18,8 +18,9 @@ float64 (:func:`_scores`).
 
 On Hopper GPUs the bfloat16 forward and backward at head_dim 128 run :mod:`h3_triton.attention_hopper` instead,
 Gluon kernels scheduled by hand with the same arithmetic (bitwise the same output, row statistics, dK and dV; dQ,
-added in a fixed order outside the tensor cores, within a bfloat16 rounding): at release shape the forward 1.15x
-cuDNN, the backward 1.07x the provider's (``benchmarks/results/h200-release.json``).
+added in a fixed order outside the tensor cores, within a bfloat16 rounding): at release shape the forward 1.13x
+cuDNN (67.4 against 76.2 ms), the backward 1.02x the provider's (206.8 against 210.4 ms;
+``benchmarks/results/h200-release.json``).
 """
 
 import math
