@@ -102,8 +102,9 @@ class H3Session:
                 "(its pytest.ini makes the repository's root the rootdir from every subfolder)")
 
     def next_after_freezing(self) -> str:
-        """What comes after a freeze: the command of the next file the checked gates still miss, else the command
-        that checks a candidate with them (:func:`h3gate.status.check_command`)."""
+        """What comes after a freeze: the command of the next file the checked gates still miss (first one of the
+        gates frozen here, else the news that those are complete), else the command that checks a candidate with
+        them (:func:`h3gate.status.check_command`)."""
         from h3gate import status, suite
         from h3gate.evidence.profiles import profile
 
@@ -112,8 +113,14 @@ class H3Session:
         report = status.status(self.thresholds, settings.model, self.device, gates=gates,
                                shown=settings.thresholds_option)
         todo = [row for row in report.rows if row.state != status.PRESENT]
+        written = {path.resolve() for path in self.frozen_here}
+        frozen = sorted({row.gate for row in report.rows if (self.thresholds / row.file).resolve() in written})
+        todo.sort(key=lambda row: row.gate not in frozen)  # stable: the frozen gates' files first, in order
+        done = [gate for gate in frozen if all(row.gate != gate for row in todo)]
         if todo:
-            return f"next, {todo[0].file} ({len(todo)} file(s) to go; h3gate status lists them): {todo[0].command}"
+            whose = f"{', '.join(done)} gate" + ("s'" if len(done) > 1 else "'s")
+            news = f"the {whose} files are all frozen and locked; " if done else ""
+            return f"{news}next, {todo[0].file} ({len(todo)} file(s) to go; h3gate status lists them): {todo[0].command}"
         command = status.check_command(suite.recorded(self.thresholds), settings.model,
                                        status.device_option(report.device_class), settings.thresholds_option)
         return f"every file the {', '.join(sorted(gates))} gates read is frozen and locked; next, check a candidate: {command}"

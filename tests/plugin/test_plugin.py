@@ -163,6 +163,8 @@ def test_missing_bounds_fail_with_the_freeze_command(project):
 def test_freeze_then_check_writes_results_and_junit(project):
     frozen = _run(project, "-m", "gate", "--h3-freeze", "--h3-variants=sdpa-math")
     frozen.assert_outcomes(passed=1)
+    frozen.stdout.fnmatch_lines(["the model gate's files are all frozen and locked; next, tiny/cpu/*-bounds.json "
+                                 "(* file(s) to go; h3gate status lists them): pytest *--h3-freeze*"])
     bounds_file = project.path / "thresholds" / "tiny" / "cpu" / "model-bounds.json"
     assert json.loads(bounds_file.read_text())["sources"] == ["provider", "sdpa-math"]
     again = _run(project, "-m", "gate", "--h3-freeze", "--h3-variants=sdpa-math")
