@@ -120,7 +120,8 @@ class H3Session:
         if todo:
             whose = f"{', '.join(done)} gate" + ("s'" if len(done) > 1 else "'s")
             news = f"the {whose} files are all frozen and locked; " if done else ""
-            return f"{news}next, {todo[0].file} ({len(todo)} file(s) to go; h3gate status lists them): {todo[0].command}"
+            first = todo[0]
+            return f"{news}next, {first.file} ({len(todo)} file(s) to go; h3gate status lists them): {first.command}"
         command = status.check_command(suite.recorded(self.thresholds), settings.model,
                                        status.device_option(report.device_class), settings.thresholds_option)
         return f"every file the {', '.join(sorted(gates))} gates read is frozen and locked; next, check a candidate: {command}"

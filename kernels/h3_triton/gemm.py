@@ -18,8 +18,10 @@ products, one multiply-add per element and index. On an H200 they took the AdaLN
 weight need gradients (the AdaLN in training, the text tokens' projections), one kernel does the whole backward
 over at most 16 rows with those same bits (:func:`_few_rows_backward_kernel`): W is read once for dX while dW is
 written beside it, and the chunk sums are added by the last program of each column tile, in chunk order, so three
-launches become one. The step was host-bound: each Triton launch costs the host far more than the GPU time of
-these kernels.
+launches become one. The step was host-bound, each Triton launch costing the host more than these kernels' GPU
+time: on an H200 the AdaLN's forward+backward went from 0.56x to 0.74x the provider's in the release bench, though
+its GPU time grew (0.525 against 0.467 ms at the first tilings: the one kernel reaches 50% of the DRAM bandwidth
+where the split-K input gradient alone reached 90%; ``benchmarks/results/h200-perf/silu-linear/``).
 
 Rows: an input (..., K) is addressed without copies when its leading dimensions collapse to at most two
 strides (``outer``, ``inner``), which covers 2-D and 3-D slices of larger buffers. The reduction over rows of
@@ -303,8 +305,8 @@ def _few_rows_backward_kernel(
                 x_r = to_dtype(x_r * tl.sigmoid(x_r), g_r.dtype, INTERPRETED)
             dw += g_r.to(tl.float32)[:, None] * x_r.to(tl.float32)[None, :]
             sums += g_r.to(tl.float32)
-        tl.store(dw_cols[None, :] + n.to(tl.int64)[:, None] * s_dw_n, to_dtype(dw, dw_ptr.dtype.element_ty, INTERPRETED),
-                 mask=in_n[:, None] & in_k[None, :])
+        tl.store(dw_cols[None, :] + n.to(tl.int64)[:, None] * s_dw_n,
+                 to_dtype(dw, dw_ptr.dtype.element_ty, INTERPRETED), mask=in_n[:, None] & in_k[None, :])
         if HAS_DBIAS:
             if pid_k == 0:
                 tl.store(dbias_ptr + n * s_dbias, to_dtype(sums, dbias_ptr.dtype.element_ty, INTERPRETED), mask=in_n)

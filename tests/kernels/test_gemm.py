@@ -175,9 +175,13 @@ def test_few_rows_backward_is_one_launch_with_the_bits_of_the_products_apart(cas
     apart = [CountingLaunches(k) for k in (gemm._chunk_sum_kernel, gemm._OUTER.kernel)]
     monkeypatch.setattr(gemm, "_chunk_sum_kernel", apart[0])
     monkeypatch.setattr(gemm._OUTER, "kernel", apart[1])
-    counters = []
-    monkeypatch.setattr(gemm, "_tile_counters", lambda k, device: counters.append(torch.zeros(k, dtype=torch.int32,
-                                                                                            device=device)) or counters[0])
+    counters = []  # one buffer for every launch: each must leave it zero for the next
+
+    def shared_counters(k, device):
+        counters[:] = counters or [torch.zeros(k, dtype=torch.int32, device=device)]
+        return counters[0]
+
+    monkeypatch.setattr(gemm, "_tile_counters", shared_counters)
     x = carved(x_shape, x_dtype or dtype, 1, pad)
     w, dy = carved((n, x_shape[-1]), dtype, 2), carved((*x_shape[:-1], n), dtype, 4)
     inputs = [x, w, carved((n,), dtype, 3) if has_bias else None]
