@@ -667,13 +667,13 @@ class _Linear(torch.autograd.Function):
         dbias = torch.empty((N,), dtype=weight.dtype, device=dy.device) if ctx.needs_input_grad[2] else None
         dx = torch.empty_like(x, memory_format=torch.contiguous_format) if ctx.needs_input_grad[0] else None
         dweight = torch.empty_like(weight, memory_format=torch.contiguous_format) if ctx.needs_input_grad[1] else None
+        # dx is contiguous: it adds no row break, so one split serves both products
+        rows, (dym, xm, *dxm) = _row_split(dy, x, *([] if dx is None else [dx]))
         if dx is not None:
-            rows, (dym, xm, dxm) = _row_split(dy, x, dx)
-            if dweight is not None and _few_rows_backward(dym, xm, dxm, weight, dweight, dbias, rows, ctx.silu):
+            if dweight is not None and _few_rows_backward(dym, xm, dxm[0], weight, dweight, dbias, rows, ctx.silu):
                 return dx, dweight, dbias, None
-            _matmul(dym, _Mat.of_weight(weight), dxm, rows, K, _Axis.flat(N), z=xm if ctx.silu else None)
+            _matmul(dym, _Mat.of_weight(weight), dxm[0], rows, K, _Axis.flat(N), z=xm if ctx.silu else None)
         if dweight is not None:
-            rows, (xm, dym) = _row_split(x, dy)
             _matmul(xm.T, dym, _Mat.of_weight(dweight).T, _Axis.flat(K), N, rows, a_silu=ctx.silu, b_sums=dbias)
         elif dbias is not None:
             rows, (dym,) = _row_split(dy)
