@@ -4,7 +4,10 @@ Pinning must happen before anything in the worker touches CUDA (once the driver 
 ``CUDA_VISIBLE_DEVICES`` is read no more), so it runs in the worker's earliest hook. A worker takes the
 entry of the *caller's* visible-GPU list at its own index — never ``device_count()`` modulo, which sends
 every worker to one GPU when the caller had narrowed the list. The controller publishes that list in
-``H3GATE_CALLER_GPUS`` before it starts the workers, which inherit its environment.
+``H3GATE_CALLER_GPUS``, and its process id in ``H3GATE_CALLER_PID``, before it starts the workers, which inherit its
+environment. A process is a worker only when it is a child of that controller: a pytest that a test on a worker
+starts (pytester, a user's own subprocess) inherits ``PYTEST_XDIST_WORKER`` and the list too, and would otherwise pin
+itself to a GPU of its parent's run.
 
 ``--h3-workers-per-gpu K`` gives each GPU K workers (gw0..gwK-1 share the first): the kernel gate compiles a
 kernel for every shape class hypothesis draws, which is CPU-bound, so several compiling processes per GPU
@@ -25,6 +28,7 @@ import pytest
 from pytest_h3.options import DEVICE, SHARD, WORKERS_PER_GPU
 
 CALLER_GPUS = "H3GATE_CALLER_GPUS"
+CALLER_PID = "H3GATE_CALLER_PID"
 DEVICE_NODES = Path("/dev")  # where an NVIDIA driver puts nvidia0, nvidia1, ...
 
 
@@ -72,9 +76,12 @@ def is_worker(config) -> bool:
 
 
 def worker_index() -> int | None:
-    """The xdist worker's index from its environment, for the steps before a config exists (pinning the GPU)."""
+    """The xdist worker's index from its environment, for the steps before a config exists (pinning the GPU); None
+    in a process that inherited a worker's environment without being a worker of the controller that published it."""
     match = re.fullmatch(r"gw(\d+)", os.environ.get("PYTEST_XDIST_WORKER", ""))
-    return int(match.group(1)) if match else None
+    if not match or os.environ.get(CALLER_PID) != str(os.getppid()):
+        return None
+    return int(match.group(1))
 
 
 def prepare(device_option: str, per_gpu: int = 1) -> None:
@@ -89,6 +96,7 @@ def prepare(device_option: str, per_gpu: int = 1) -> None:
     index = worker_index()
     if index is None:
         os.environ[CALLER_GPUS] = ",".join(caller_gpus())
+        os.environ[CALLER_PID] = str(os.getpid())
         return
     gpus = [gpu for gpu in os.environ.get(CALLER_GPUS, "").split(",") if gpu]
     if not gpus:

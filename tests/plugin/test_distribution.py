@@ -92,8 +92,16 @@ def test_auto_is_a_cpu_run_exactly_where_no_nvidia_device_node_exists(monkeypatc
 
 
 def _a_gpu_machine(monkeypatch):
-    """This machine as one with NVIDIA device nodes, where ``auto`` asks which GPUs the caller made visible."""
+    """This machine as one with NVIDIA device nodes, where ``auto`` asks which GPUs the caller made visible; this
+    process plays its own workers, so a worker's parent is the controller it is (what :func:`distribution.prepare`
+    publishes is undone with the test, not left to a later test's subprocesses)."""
+    import os
+
     monkeypatch.setattr(distribution, "cpu_run", lambda option: option == "cpu")
+    monkeypatch.setattr(os, "getppid", os.getpid)
+    for name in (distribution.CALLER_GPUS, distribution.CALLER_PID, "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
 
 
 def test_workers_pin_to_the_callers_gpus(monkeypatch):
@@ -110,6 +118,22 @@ def test_workers_pin_to_the_callers_gpus(monkeypatch):
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
     with pytest.raises(pytest.UsageError, match="gw2 has no GPU of its own: the caller sees 2"):
         distribution.prepare("auto")
+
+
+def test_a_pytest_started_from_a_worker_is_no_worker_of_its_parents_run(monkeypatch):
+    """It inherits the worker's PYTEST_XDIST_WORKER and the controller's GPU list, but its parent is the worker."""
+    import os
+
+    _a_gpu_machine(monkeypatch)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    distribution.prepare("auto")
+    monkeypatch.setenv(distribution.CALLER_PID, str(os.getpid() + 1))  # published by another process
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    assert distribution.worker_index() is None
+    distribution.prepare("auto")
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "0" and os.environ[distribution.CALLER_GPUS] == "0"
+    assert os.environ[distribution.CALLER_PID] == str(os.getpid()), "it publishes its own list for its own workers"
 
 
 def test_workers_share_gpus_in_blocks(monkeypatch):
@@ -172,6 +196,7 @@ def test_a_session_computes_on_its_share_of_the_host(monkeypatch, device, env, w
     else:
         monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
         monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
+        monkeypatch.setenv(distribution.CALLER_PID, str(os.getppid()))  # a worker of the controller that started it
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     from threadpoolctl import threadpool_info, threadpool_limits
 

@@ -2,6 +2,7 @@
 and never a run that reports success without having qualified anything."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -95,6 +96,10 @@ def test_a_model_that_is_neither_embedded_nor_a_folder(project, tmp_path):
 
 def test_more_xdist_workers_than_gpus_is_refused_before_any_worker_starts(project):
     project._monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")  # one GPU, whatever the machine has
+    # As where this test itself runs on xdist worker gw1 of a GPU run: the session it starts is no worker of that run.
+    project._monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    project._monkeypatch.setenv(distribution.CALLER_GPUS, "4,6")
+    project._monkeypatch.setenv(distribution.CALLER_PID, str(os.getppid()))
     result = project.runpytest_subprocess("-p", "no:cacheprovider", "-m", "gate", "--h3-device=cuda", "-n", "4")
     output = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.USAGE_ERROR, output
