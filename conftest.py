@@ -1,5 +1,5 @@
 """What this repository's tests share: its paths, the pytester plugin, the embedded model, its contract and its
-committed bounds, and one torch thread for a module.
+committed bounds, one torch thread for a module, and each test's start from the session's environment.
 
 At the repository's root, so every test below ``tests/`` sees it (pytest reads ``pytest_plugins`` from the root
 conftest only) and ``from conftest import ROOT, THRESHOLDS`` names this one module; keep it the test tree's only
@@ -7,6 +7,7 @@ conftest. The plugin never depends on it: the gate suite runs in a repository of
 ``--noconftest`` runs it so).
 """
 
+import os
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,21 @@ ROOT = Path(__file__).resolve().parent
 THRESHOLDS = ROOT / "thresholds"
 
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(autouse=True)
+def session_environment():
+    """Each test ends with the environment it started from: what the plugin publishes in ``os.environ`` when a test
+    runs its hooks in-process (a controller's GPU list, a worker's pinned GPU, the interpreter switch) would reach the
+    pytest subprocesses of whichever tests xdist sends to the same worker later, so a test's outcome would depend on
+    its neighbours."""
+    saved = dict(os.environ)
+    yield
+    for name in set(os.environ) - set(saved):
+        del os.environ[name]
+    for name, value in saved.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
 
 
 @pytest.fixture(scope="module")

@@ -75,6 +75,11 @@ def is_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def worker_name(config) -> str:
+    """The xdist worker's id (gw0, gw1, ...), or ``main`` for a session of one process."""
+    return config.workerinput["workerid"] if is_worker(config) else "main"
+
+
 def worker_index() -> int | None:
     """The xdist worker's index from its environment, for the steps before a config exists (pinning the GPU); None
     in a process that inherited a worker's environment without being a worker of the controller that published it."""
@@ -107,6 +112,19 @@ def prepare(device_option: str, per_gpu: int = 1) -> None:
             f"({','.join(gpus)}) and gives each {per_gpu} worker(s); run with -n {len(gpus) * per_gpu} or -n auto"
         )
     os.environ["CUDA_VISIBLE_DEVICES"] = gpus[index // per_gpu]
+
+
+def check_pinned(config, device_option: str) -> None:
+    """A worker of a GPU run has pinned its GPU at start-up (:func:`prepare`) only if it is a child of the controller
+    that published the list: one started through a launcher that forks Python rather than executing it cannot tell
+    which GPU is its own, and would share the first with every other such worker."""
+    if not is_worker(config) or cpu_run(device_option) or worker_index() is not None:
+        return
+    raise pytest.UsageError(
+        f"xdist worker {os.environ.get('PYTEST_XDIST_WORKER')} is not a child of the pytest that started it (pid "
+        f"{os.environ.get(CALLER_PID)}; its parent is {os.getppid()}), so it cannot tell which GPU is its own; start "
+        "pytest with the Python interpreter itself (python -m pytest), not through a launcher that forks it"
+    )
 
 
 def check_workers(device_option: str, per_gpu: int, workers) -> None:

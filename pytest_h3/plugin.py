@@ -66,6 +66,7 @@ def pytest_configure(config):
             )
     elif settings.freeze_force or settings.variants:
         raise pytest.UsageError(f"{FREEZE_FORCE} and {VARIANTS} only apply together with {FREEZE}")
+    distribution.check_pinned(config, settings.device)
     h3 = config.stash[SESSION_KEY] = H3Session(config, settings)
     if not distribution.is_worker(config):  # the controller checks; its workers inherit good settings
         h3.sign_key = validate(settings, getattr(config.option, "numprocesses", None))

@@ -328,7 +328,7 @@ class GateItem:
         if self.session.model_loaded:  # an item that failed before building the model (missing bounds) names none
             result.context.setdefault("model", {"name": self.session.model.name, "identity": self.session.model.identity,
                                                 "source": self.session.model.source})
-        result.context["device"] = device_facts(self.session.device)
+        result.context["device"] = device_facts(self.session.device, distribution.worker_name(self.session.config))
         self.session.ledger.record_result(self.node.nodeid, result.to_json())
         self.record_property("h3_gate", self.kind)
         self.record_property("h3_passed", result.passed)

@@ -13,9 +13,9 @@ from h3gate.evidence import environment, profiles
 from pytest_h3.options import OUT, SIGN_KEY
 
 
-def device_facts(device: str) -> dict:
+def device_facts(device: str, worker: str) -> dict:
     """The device an item ran on, and the xdist worker: a GPU's name and PCI bus id show each worker had its own."""
-    facts = {"device": device, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main")}
+    facts = {"device": device, "worker": worker}
     if not device.startswith("cuda"):
         return facts
     gpu = environment.gpus()[torch.device(device).index or 0]

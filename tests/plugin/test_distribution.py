@@ -51,9 +51,19 @@ def _content(path):
     return strip(statement["predicate"]["h3"]["tests"]), statement["predicate"]["passedTests"], statement["predicate"]["failedTests"]
 
 
-def test_workers_and_shards_give_the_same_evidence(project):
+def _workers(path) -> set[str]:
+    """The xdist workers the evidence says its gate items ran on."""
+    statement = json.loads(base64.b64decode(json.loads(path.read_text())["payload"]))
+    tests = statement["predicate"]["h3"]["tests"].values()
+    return {test["result"]["context"]["device"]["worker"] for test in tests if test["result"] is not None}
+
+
+def test_workers_and_shards_give_the_same_evidence(project, monkeypatch):
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw5")  # as where this test runs on a worker: its sessions inherit it
     _run(project, "single").assert_outcomes(passed=3)
     _run(project, "workers", "-n", "2").assert_outcomes(passed=3)
+    assert _workers(project.path / "single" / "evidence.json") == {"main"}
+    assert set() < _workers(project.path / "workers" / "evidence.json") <= {"gw0", "gw1"}
     shards = []
     for index in range(2):
         _run(project, f"shard{index}", f"--h3-shard={index}/2")
@@ -97,9 +107,11 @@ def _a_gpu_machine(monkeypatch):
     publishes is undone with the test, not left to a later test's subprocesses)."""
     import os
 
+    from pytest_h3 import compile_once
+
     monkeypatch.setattr(distribution, "cpu_run", lambda option: option == "cpu")
     monkeypatch.setattr(os, "getppid", os.getpid)
-    for name in (distribution.CALLER_GPUS, distribution.CALLER_PID, "CUDA_VISIBLE_DEVICES"):
+    for name in (distribution.CALLER_GPUS, distribution.CALLER_PID, "CUDA_VISIBLE_DEVICES", compile_once.ENV):
         monkeypatch.setenv(name, "")
         monkeypatch.delenv(name)
 
@@ -229,3 +241,72 @@ def test_power_on_the_cpu_computes_with_one_thread(monkeypatch):
     monkeypatch.setattr(power, "measure", measure)
     assert cli.main(["power", "--device", "cpu"]) == 2
     assert calls == ["one thread", "measured"]
+
+
+def test_real_xdist_workers_on_a_gpu_machine_pin_the_callers_gpus_in_order(pytester, monkeypatch, tmp_path):
+    """Real workers (execnet's children of the controller), on a machine made to look like one with GPUs, started
+    from a test that may itself run on a worker: each takes its own entry of the caller's list, none is refused as a
+    stranger to its run."""
+    nodes, pinned = tmp_path / "dev", tmp_path / "pinned"
+    nodes.mkdir()
+    pinned.mkdir()
+    (nodes / "nvidia0").touch()
+    pytester.makepyfile(fake_gpus=f"""
+        from pathlib import Path
+
+        import torch
+
+        from pytest_h3 import distribution
+
+        distribution.DEVICE_NODES = Path({str(nodes)!r})
+        torch.cuda.is_available = lambda: False  # the session itself then runs on the CPU
+    """, test_pinned=f"""
+        import os
+        from pathlib import Path
+
+        def test_pinned(worker_id):
+            (Path({str(pinned)!r}) / worker_id).write_text(os.environ["CUDA_VISIBLE_DEVICES"])
+    """)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7,3")
+    result = pytester.runpytest_subprocess("-p", "fake_gpus", "-p", "no:cacheprovider", "--h3-device=auto", "-n", "2",
+                                           "--dist=each")
+    result.assert_outcomes(passed=2)
+    assert {path.name: path.read_text() for path in pinned.iterdir()} == {"gw0": "7", "gw1": "3"}
+
+
+def test_a_worker_that_could_not_pin_its_gpu_is_refused(monkeypatch):
+    """A worker whose parent is not the controller (a launcher forked it) must not share the first GPU silently."""
+    import os
+    import types
+
+    _a_gpu_machine(monkeypatch)
+    worker = types.SimpleNamespace(workerinput={"workerid": "gw1"})
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
+    monkeypatch.setenv(distribution.CALLER_PID, str(os.getpid()))  # this process plays the controller's child
+    distribution.check_pinned(worker, "cuda")
+    monkeypatch.setenv(distribution.CALLER_PID, str(os.getpid() + 1))
+    with pytest.raises(pytest.UsageError, match="gw1 is not a child of the pytest that started it"):
+        distribution.check_pinned(worker, "cuda")
+    distribution.check_pinned(worker, "cpu")  # a CPU run pins nothing
+    distribution.check_pinned(types.SimpleNamespace(), "cuda")  # no worker: nothing to pin
+
+
+def test_a_test_leaves_the_environment_it_found(pytester):
+    """What one test publishes in os.environ does not reach the next one on the same worker (this repository's
+    conftest restores it), whatever either does."""
+    from conftest import ROOT
+
+    pytester.makeconftest((ROOT / "conftest.py").read_text())
+    pytester.makepyfile("""
+        import os
+
+        def test_publishes():
+            os.environ["H3GATE_CALLER_GPUS"] = "4,6"
+            os.environ["PATH"] = "changed"
+            del os.environ["HOME"]
+
+        def test_after():
+            assert "H3GATE_CALLER_GPUS" not in os.environ
+            assert os.environ["PATH"] != "changed" and "HOME" in os.environ
+    """)
+    pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist").assert_outcomes(passed=2)
