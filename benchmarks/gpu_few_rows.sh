@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The few-rows backward (silu_linear's AdaLN, h3_triton.gemm._few_rows_backward_kernel) on a GPU machine: its
 # tilings timed at the release shape (wall, GPU and host time beside the provider's, gemm_tilings.py), Nsight
-# Compute of one forward+backward of the candidate and the provider (SpeedOfLight), and the GEMM unit tests.
+# Compute of one forward+backward of the candidate and the provider (the sections in NCU_SECTIONS, default
+# SpeedOfLight; add WarpStateStats, MemoryWorkloadAnalysis, Occupancy and SourceCounters for where the warps stall),
+# and the GEMM unit tests.
 # Then run `ONLY=linear benchmarks/gpu_kernels.sh` for the kernel gate and tilings of linear and silu_linear.
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
@@ -11,7 +13,7 @@ phase few-rows-tilings "${TILINGS_LIMIT:-100}" python3 benchmarks/gemm_tilings.p
 grep -v -i warn "$OUT/few-rows-tilings.log"
 for who in ${NCU_WHO:-candidate provider}; do
   phase "ncu-silu-linear-bwd-$who" "${NCU_LIMIT:-50}" ncu --clock-control none --profile-from-start off --csv \
-    --page details --section SpeedOfLight python3 benchmarks/profile_op.py silu_linear --backward \
+    --page details $(printf -- "--section %s " ${NCU_SECTIONS:-SpeedOfLight}) python3 benchmarks/profile_op.py silu_linear --backward \
     $([[ $who == provider ]] && echo --provider)
   mv "$OUT/ncu-silu-linear-bwd-$who.log" "$OUT/ncu-silu-linear-bwd-$who.csv"
   python3 benchmarks/ncu_summary.py "$OUT/ncu-silu-linear-bwd-$who.csv" --metrics "Duration,DRAM Throughput"
