@@ -2,11 +2,13 @@
 
 import base64
 import json
+import os
 import shutil
+import types
 
 import pytest
 
-from conftest import THRESHOLDS
+from conftest import ROOT, THRESHOLDS
 from h3gate import suite
 from h3gate.bounds import lock_files
 from h3gate.evidence.merge import merge
@@ -105,8 +107,6 @@ def _a_gpu_machine(monkeypatch):
     """This machine as one with NVIDIA device nodes, where ``auto`` asks which GPUs the caller made visible; this
     process plays its own workers, so a worker's parent is the controller it is (what :func:`distribution.prepare`
     publishes is undone with the test, not left to a later test's subprocesses)."""
-    import os
-
     from pytest_h3 import compile_once
 
     monkeypatch.setattr(distribution, "cpu_run", lambda option: option == "cpu")
@@ -124,8 +124,6 @@ def test_workers_pin_to_the_callers_gpus(monkeypatch):
     assert distribution.auto_workers("auto") == 2
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
     distribution.prepare("auto")
-    import os
-
     assert os.environ["CUDA_VISIBLE_DEVICES"] == "6", "the caller's list entry, not device_count modulo"
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw2")
     with pytest.raises(pytest.UsageError, match="gw2 has no GPU of its own: the caller sees 2"):
@@ -134,8 +132,6 @@ def test_workers_pin_to_the_callers_gpus(monkeypatch):
 
 def test_a_pytest_started_from_a_worker_is_no_worker_of_its_parents_run(monkeypatch):
     """It inherits the worker's PYTEST_XDIST_WORKER and the controller's GPU list, but its parent is the worker."""
-    import os
-
     _a_gpu_machine(monkeypatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
     distribution.prepare("auto")
@@ -150,8 +146,6 @@ def test_a_pytest_started_from_a_worker_is_no_worker_of_its_parents_run(monkeypa
 
 def test_workers_share_gpus_in_blocks(monkeypatch):
     """With K workers per GPU, gw0..gwK-1 take the caller's first GPU, the next K its second."""
-    import os
-
     _a_gpu_machine(monkeypatch)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,6")
     monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
@@ -192,9 +186,6 @@ def test_a_session_computes_on_its_share_of_the_host(monkeypatch, device, env, w
     """One thread on the CPU, torch's and numpy's BLAS, whatever the cores and workers (bits depend on the count); on
     a GPU an xdist worker's share of the host's cores (16 here), and all of them outside xdist; untouched under
     OMP_NUM_THREADS."""
-    import os
-    import types
-
     import torch
 
     from pytest_h3.session import H3Session
@@ -276,9 +267,6 @@ def test_real_xdist_workers_on_a_gpu_machine_pin_the_callers_gpus_in_order(pytes
 
 def test_a_worker_that_could_not_pin_its_gpu_is_refused(monkeypatch):
     """A worker whose parent is not the controller (a launcher forked it) must not share the first GPU silently."""
-    import os
-    import types
-
     _a_gpu_machine(monkeypatch)
     worker = types.SimpleNamespace(workerinput={"workerid": "gw1"})
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
@@ -294,8 +282,6 @@ def test_a_worker_that_could_not_pin_its_gpu_is_refused(monkeypatch):
 def test_a_test_leaves_the_environment_it_found(pytester):
     """What one test publishes in os.environ does not reach the next one on the same worker (this repository's
     conftest restores it), whatever either does."""
-    from conftest import ROOT
-
     pytester.makeconftest((ROOT / "conftest.py").read_text())
     pytester.makepyfile("""
         import os
