@@ -151,14 +151,13 @@ def auto_workers(device_option: str, per_gpu: int = 1) -> int | None:
     return len(gpus) * per_gpu or None
 
 
-def host_share() -> int | None:
+def host_share(config) -> int | None:
     """An xdist worker's share of the host's cores (those this process may run on, over the workers), or None
     outside xdist: a GPU node's workers each compute host-side work on every core otherwise (4 workers on 16 cores
     drove the load average to 51)."""
-    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
-    if worker_index() is None or not workers.isdigit() or int(workers) < 1:
+    if not is_worker(config):
         return None
-    return max(1, len(os.sched_getaffinity(0)) // int(workers))
+    return max(1, len(os.sched_getaffinity(0)) // max(1, int(config.workerinput["workercount"])))
 
 
 def parse_shard(spec: str) -> tuple[int, int]:

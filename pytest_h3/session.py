@@ -228,7 +228,7 @@ class H3Session:
 
         if self.device == "cpu":
             numerics.one_cpu_thread()
-        elif (share := distribution.host_share()) is not None:
+        elif (share := distribution.host_share(self.config)) is not None:
             numerics.host_threads(share)
 
     def verify_thresholds(self) -> None:

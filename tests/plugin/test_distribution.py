@@ -104,16 +104,12 @@ def test_auto_is_a_cpu_run_exactly_where_no_nvidia_device_node_exists(monkeypatc
 
 
 def _a_gpu_machine(monkeypatch):
-    """This machine as one with NVIDIA device nodes, where ``auto`` asks which GPUs the caller made visible; this
-    process plays its own workers, so a worker's parent is the controller it is (what :func:`distribution.prepare`
-    publishes is undone with the test, not left to a later test's subprocesses)."""
-    from pytest_h3 import compile_once
-
+    """This machine as one with NVIDIA device nodes, where ``auto`` asks which GPUs the caller made visible, nothing
+    published yet; this process plays its own workers, so a worker's parent is the controller it is."""
     monkeypatch.setattr(distribution, "cpu_run", lambda option: option == "cpu")
     monkeypatch.setattr(os, "getppid", os.getpid)
-    for name in (distribution.CALLER_GPUS, distribution.CALLER_PID, "CUDA_VISIBLE_DEVICES", compile_once.ENV):
-        monkeypatch.setenv(name, "")
-        monkeypatch.delenv(name)
+    for name in (distribution.CALLER_GPUS, distribution.CALLER_PID, "CUDA_VISIBLE_DEVICES"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def test_workers_pin_to_the_callers_gpus(monkeypatch):
@@ -194,12 +190,8 @@ def test_a_session_computes_on_its_share_of_the_host(monkeypatch, device, env, w
         monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     else:
         monkeypatch.setenv("OMP_NUM_THREADS", env)
-    if workers is None:
-        monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
-    else:
-        monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw1")
-        monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", workers)
-        monkeypatch.setenv(distribution.CALLER_PID, str(os.getppid()))  # a worker of the controller that started it
+    config = types.SimpleNamespace() if workers is None else \
+        types.SimpleNamespace(workerinput={"workerid": "gw1", "workercount": int(workers)})
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
     from threadpoolctl import threadpool_info, threadpool_limits
 
@@ -210,7 +202,7 @@ def test_a_session_computes_on_its_share_of_the_host(monkeypatch, device, env, w
     with threadpool_limits(limits=2, user_api="blas"):
         torch.set_num_threads(2)
         try:
-            H3Session.share_host_threads(types.SimpleNamespace(device=device))
+            H3Session.share_host_threads(types.SimpleNamespace(device=device, config=config))
             assert torch.get_num_threads() == (threads or 2)
             assert blas_threads() <= {threads or 2}
         finally:
