@@ -1,7 +1,10 @@
 """The one place that knows where Triton's CPU interpreter (triton 3.9) computes differently from a GPU.
 
-- ``tl.dot`` on bfloat16 operands multiplies their bit patterns (upstream triton issue 11584): :func:`mma`
-  upcasts both operands to float32 first (exact: bfloat16 embeds in float32).
+- ``tl.dot`` on bfloat16 operands multiplies their bit patterns (upstream triton issue 11584), and on float32 it
+  is numpy's ``matmul``, whose BLAS sums in an order that depends on the CPU and on the operands' shapes (on an AMD
+  EPYC with OpenBLAS 0.3.31 a 16 x 64 @ 64 x 64 product differs in the last bit from the first 64 columns of
+  16 x 64 @ 64 x 128): :func:`mma` multiplies float32 upcasts of its operands (exact for bfloat16) elementwise and
+  sums them along K one index at a time, an order that depends on nothing else, on any CPU.
 - float32 -> bfloat16 casts truncate toward zero instead of rounding to nearest even, even when asked for
   ``"rtne"``: a biased half-ULP error that doubles the error of every rounded output. :func:`to_dtype`
   rounds on the bits first, bitwise equal to torch's cast, NaN and infinity included.
@@ -49,7 +52,7 @@ def mma(a, b, acc, UPCAST: tl.constexpr):
     ``acc`` directly.
     """
     if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
+        return acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
     elif a.dtype == tl.float32:
         return acc + tl.dot(a, b, acc * 0.0, input_precision="ieee")
     else:
