@@ -59,6 +59,21 @@ def host_ms(step, repeats: int = 20) -> float:
     return elapsed * 1e3 / repeats
 
 
+def timed(step) -> tuple[float, float, float]:
+    """(wall, GPU, host) milliseconds of one ``step()``."""
+    return median_ms(step, "cuda"), gpu_ms(step), host_ms(step)
+
+
+def report(label: str, times: tuple[float, float, float], provider: tuple[float, float], reference: list, grads: list,
+           first: str) -> None:
+    """One line: ``times`` beside the provider's wall and GPU time, and whether ``grads`` differ from ``first``'s."""
+    (ms, gpu, host), (provider_ms, provider_gpu) = times, provider
+    same = all(torch.equal(a, b) for a, b in zip(reference, grads))
+    print(f"  {label}: {ms:.4f} ms wall ({provider_ms / ms:.2f}x provider), {gpu:.4f} ms GPU "
+          f"({provider_gpu / gpu:.2f}x), {host:.4f} ms host{'' if same else f'  GRADIENTS DIFFER from {first}'}",
+          flush=True)
+
+
 def _gradients(fn, inputs: dict) -> list[torch.Tensor]:
     leaves = {k: v.detach().requires_grad_(v.is_floating_point()) for k, v in inputs.items()}
     fn(**leaves).float().square().sum().backward()
@@ -89,16 +104,12 @@ def main(argv=None) -> None:
             try:
                 with launcher.forcing(config):
                     grads = _gradients(fn, inputs)
-                    step = _forward_backward(fn, inputs, "random")
-                    ms, gpu, host = median_ms(step, "cuda"), gpu_ms(step), host_ms(step)
+                    times = timed(_forward_backward(fn, inputs, "random"))
             except (triton.runtime.errors.OutOfResources, RuntimeError) as error:
                 print(f"  {text}: not launched ({type(error).__name__}: {str(error).splitlines()[0]})", flush=True)
                 continue
             reference = reference or grads
-            same = all(torch.equal(a, b) for a, b in zip(reference, grads))
-            print(f"  {text}: {ms:.4f} ms wall ({provider_ms / ms:.2f}x provider), {gpu:.4f} ms GPU "
-                  f"({provider_gpu / gpu:.2f}x), {host:.4f} ms host"
-                  f"{'' if same else '  GRADIENTS DIFFER from the first tiling'}", flush=True)
+            report(text, times, (provider_ms, provider_gpu), reference, grads, "the first tiling")
 
 
 if __name__ == "__main__":

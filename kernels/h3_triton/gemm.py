@@ -310,7 +310,18 @@ def _few_rows_backward_kernel(
         if HAS_DBIAS:
             if pid_k == 0:
                 tl.store(dbias_ptr + n * s_dbias, to_dtype(sums, dbias_ptr.dtype.element_ty, INTERPRETED), mask=in_n)
-    in_dx = in_r[:, None] & in_k[None, :]
+    _finish_chunks(acc, pid_k, chunk, rr, rk, R, K, R_INNER, CHUNKS, partial_ptr, count_ptr,
+                   dx_ptr, s_dx_mo, s_dx_mi, s_dx_k, x_ptr, s_x_mo, s_x_mi, s_x_k, M_SPLIT, SILU, INTERPRETED)
+
+
+@device_function
+def _finish_chunks(acc, pid_k, chunk, rr, rk, R: tl.constexpr, K, R_INNER, CHUNKS, partial_ptr, count_ptr,
+                   dx_ptr, s_dx_mo, s_dx_mi, s_dx_k, x_ptr, s_x_mo, s_x_mi, s_x_k,
+                   M_SPLIT: tl.constexpr, SILU: tl.constexpr, INTERPRETED: tl.constexpr):
+    """dX of :func:`_few_rows_backward_kernel`'s program (column tile ``pid_k``, chunk ``chunk``) from its float32
+    ``acc``: finished at once with one chunk; else its partial stored, and the column tile's last program to finish
+    adds the CHUNKS partials in chunk order and finishes them."""
+    in_dx = (rr < R)[:, None] & (rk < K)[None, :]
     if CHUNKS > 1:
         tile = rr[:, None] * K + rk[None, :]
         tl.store(partial_ptr + chunk * R * K + tile, acc, mask=in_dx)
@@ -318,7 +329,7 @@ def _few_rows_backward_kernel(
         tl.debug_barrier()
         if tl.atomic_add(count_ptr + pid_k, 1, sem="acq_rel", scope="gpu") == CHUNKS - 1:
             tl.debug_barrier()
-            acc = tl.zeros((ROWS, BLOCK_K), dtype=tl.float32)
+            acc = tl.zeros_like(acc)
             for j in range(0, CHUNKS):
                 acc += tl.load(partial_ptr + j * R * K + tile, mask=in_dx, other=0.0, cache_modifier=".cg")
             _finish_dx(acc, rr, rk, R, K, R_INNER, dx_ptr, s_dx_mo, s_dx_mi, s_dx_k, x_ptr, s_x_mo, s_x_mi, s_x_k,
