@@ -11,9 +11,10 @@ Usage: python benchmarks/few_rows_variants.py --sass [--variants XT,XT+TRANS] [-
 The product kernel runs a 64-row step of W per iteration: a tensor-core product for dX, and dW written beside it as
 R multiply-adds per element. On an H200 it reaches 50% of the DRAM bandwidth with SMs active 76% of its time
 (``results/h200-perf/silu-linear/ncu-bwd-few-rows.csv``), where the provider's two cuBLAS kernels reach 71% and
-92%. Compiled for sm_90 (Triton 3.6), its loop issues 0.42-0.45 warp-instructions per element of W; Triton lays
-the dW tile out with all 64 rows in every thread (each column's x in one thread), so every thread loads all 64 dY
-values of each row and converts them, and the tile passes through shared memory to be stored in 16-byte pieces.
+92%. Compiled for sm_90 (Triton 3.6), its loop issues 0.42-0.73 warp-instructions per element of W over its
+tilings; at the profiled 128 x 4 x 3 Triton lays the dW tile out with all 64 rows in every thread (each column's x in
+one thread), so every thread loads all 64 dY values of each row and converts them, the tile passes through shared
+memory to be stored in 16-byte pieces, and 3 programs fit an SM: 1.27 waves of the release grid, the last one short.
 The flags change how dW's operands reach the loop, never its arithmetic (each element is the sum over rows, in row
 order, of dY[r, n] x act(x)[r, k], two bfloat16 values whose product float32 holds exactly):
 
