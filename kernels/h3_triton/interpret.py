@@ -3,8 +3,9 @@
 - ``tl.dot`` on bfloat16 operands multiplies their bit patterns (upstream triton issue 11584), and on float32 it
   is numpy's ``matmul``, whose BLAS sums in an order that depends on the CPU and on the operands' shapes (on an AMD
   EPYC with OpenBLAS 0.3.31 a 16 x 64 @ 64 x 64 product differs in the last bit from the first 64 columns of
-  16 x 64 @ 64 x 128): :func:`mma` multiplies float32 upcasts of its operands (exact for bfloat16) elementwise and
-  sums them along K one index at a time, an order that depends on nothing else, on any CPU.
+  16 x 64 @ 64 x 128): :func:`mma` multiplies float64 upcasts of its operands, whose products float64 holds exactly
+  (bfloat16 and float32 alike) and whose sums it holds exactly while the products span fewer than 2^31 (bfloat16),
+  so the order BLAS adds them in does not show once the sum is rounded to float32.
 - float32 -> bfloat16 casts truncate toward zero instead of rounding to nearest even, even when asked for
   ``"rtne"``: a biased half-ULP error that doubles the error of every rounded output. :func:`to_dtype`
   rounds on the bits first, bitwise equal to torch's cast, NaN and infinity included.
@@ -52,7 +53,8 @@ def mma(a, b, acc, UPCAST: tl.constexpr):
     ``acc`` directly.
     """
     if UPCAST:
-        return acc + tl.sum(a.to(tl.float32)[:, :, None] * b.to(tl.float32)[None, :, :], axis=1)
+        exact = tl.dot(a.to(tl.float64), b.to(tl.float64), acc.to(tl.float64) * 0.0, out_dtype=tl.float64)
+        return acc + exact.to(tl.float32)
     elif a.dtype == tl.float32:
         return acc + tl.dot(a, b, acc * 0.0, input_precision="ieee")
     else:
