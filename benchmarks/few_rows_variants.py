@@ -162,13 +162,16 @@ def _tiling(text: str) -> tuple[dict, int, int]:
 
 class _Forced:
     """Stands in for ``gemm._FEW_ROWS_BACKWARD``: every launch runs ``variant`` (the product kernel for
-    'product') at one tiling (the interpreter's under the interpreter), so the product's host code is exercised."""
+    'product') at ``tiling`` (None: the interpreter's), so the product's host code is exercised."""
 
     def __init__(self, variant: str, tiling: str | None):
         self.kernel = gemm._few_rows_backward_kernel if variant == "product" else _variant_kernel
         self.flags = {} if variant == "product" else _flags(variant)
-        meta, warps, stages = _tiling(tiling) if tiling else (dict(gemm._FEW_ROWS_BACKWARD.interpreter), None, None)
-        self.options = meta if tiling is None else {**meta, "num_warps": warps, "num_stages": stages}
+        if tiling is None:
+            self.options = dict(gemm._FEW_ROWS_BACKWARD.interpreter)
+        else:
+            meta, warps, stages = _tiling(tiling)
+            self.options = {**meta, "num_warps": warps, "num_stages": stages}
 
     def __call__(self, grid, *args, branches=None, **meta):
         self.kernel[grid](*args, **meta, **self.flags, **self.options)
