@@ -35,11 +35,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
-import os
-import re
-import subprocess
 import sys
-import tempfile
 
 import torch
 import triton
@@ -48,6 +44,8 @@ import triton.language as tl
 from h3_triton import gemm
 from h3_triton.gemm import _finish_chunks, _row_offsets
 from h3_triton.interpret import INTERPRET, mma, to_dtype
+
+import sm90_sass
 
 FLAGS = ("XT", "TRANS", "GT", "SUMS_IF", "EVICT")
 VARIANTS = "product,XT,XT+SUMS_IF,TRANS+XT,TRANS+XT+SUMS_IF,TRANS+XT+GT+SUMS_IF,XT+EVICT"
@@ -224,47 +222,11 @@ _SPECIALISED = {
 
 
 def _compile(kernel, consts: dict, warps: int, stages: int):
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
     consts = {**consts, **{name: 1 for name in _SPECIALISED["ones"]}}
     tensors = _SPECIALISED["tensors"]
-    signature = {n: "constexpr" if n in consts else tensors.get(n, "i32") for n in kernel.arg_names}
-    aligned = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names)
-               if n in tensors or n in _SPECIALISED["div16"]}
-    source = ASTSource(kernel, signature, {(kernel.arg_names.index(n),): c for n, c in consts.items()}, aligned)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 64), options={"num_warps": warps, "num_stages": stages})
-
-
-def _loop_mix(compiled) -> tuple[int, int, collections.Counter]:
-    """(registers, loop length, the loop's opcodes) of a compiled kernel: its SASS read by the nvdisasm that triton
-    ships; the loop is the longest body between a label and a branch back to it."""
-    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    with tempfile.TemporaryDirectory() as folder:
-        cubin = os.path.join(folder, "kernel.cubin")
-        with open(cubin, "wb") as f:
-            f.write(compiled.asm["cubin"])
-        usage = subprocess.run([f"{tools}/cuobjdump", "-res-usage", cubin], capture_output=True, text=True,
-                               check=True).stdout
-        sass = subprocess.run([f"{tools}/nvdisasm", "-c", cubin], capture_output=True, text=True,
-                              check=True).stdout.splitlines()
-    labels = {m.group(1): i for i, line in enumerate(sass) if (m := re.match(r"^(\.L_x_\d+):", line))}
-    loops = [(labels[m.group(1)], i) for i, line in enumerate(sass)
-             if (m := re.search(r"BRA `\((\.L_x_\d+)\)", line)) and labels.get(m.group(1), i) < i]
-    opcodes = collections.Counter()
-    if loops:
-        first, last = max(loops, key=lambda span: sum(1 for line in sass[span[0]:span[1] + 1] if "/*" in line))
-        for line in sass[first:last + 1]:
-            if m := re.search(r"\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Z0-9_]+)*)\s", line):
-                opcodes[m.group(1)] += 1
-    return int(re.search(r"REG:(\d+)", usage).group(1)), sum(opcodes.values()), opcodes
-
-
-def _resident(registers: int, shared: int, warps: int) -> int:
-    """Programs an H100/H200 SM holds at once: registers go out per warp in blocks of 256, shared memory per
-    program with 1 KiB the runtime keeps, from 64K registers, 228 KiB and 64 warps."""
-    per_warp = -(-registers * 32 // 256) * 256
-    return min(65536 // per_warp // warps, 233472 // (shared + 1024), 64 // warps, 32)
+    types = {name: tensors.get(name, "i32") for name in kernel.arg_names if name not in consts}
+    return sm90_sass.compile_sm90(kernel, types, consts, (*tensors, *_SPECIALISED["div16"]), num_warps=warps,
+                                  num_stages=stages)
 
 
 def sass(variants: list[str], tilings: list[str]) -> None:
@@ -282,9 +244,11 @@ def sass(variants: list[str], tilings: list[str]) -> None:
             except Exception as error:  # a tiling the compiler rejects is reported, the others still compile
                 print(f"{text:9s} {variant:22s} not compiled: {str(error).splitlines()[-1][:160]}", flush=True)
                 continue
-            registers, length, opcodes = _loop_mix(compiled)
-            shared = compiled.metadata.shared
-            resident = _resident(registers, shared, warps)
+            read = sm90_sass.inspect(compiled)
+            registers, shared = read.registers, read.shared
+            opcodes = collections.Counter(sm90_sass.loops(read.sass)[0].opcodes)  # the 64-row step
+            length = sum(opcodes.values())
+            resident = sm90_sass.resident(registers, shared, warps)
             moves = " ".join(f"{op}:{count}" for op, count in sorted(opcodes.items()) if op.split(".")[0] in memory)
             print(f"{text:9s} {variant:22s} {registers:3d} regs {shared:6d} B shared, {resident:2d}/SM "
                   f"{programs / (132 * resident):4.2f} waves | {length:4d} per thread "
