@@ -10,8 +10,8 @@ import argparse
 import csv
 import sys
 
-DEFAULT_METRICS = ("Duration", "Memory Throughput", "DRAM Throughput", "Compute (SM) Throughput",
-                   "Achieved Occupancy", "Registers Per Thread")
+DEFAULT_METRICS = ("Duration", "Memory Throughput", "DRAM Throughput", "L2 Cache Throughput",
+                   "Compute (SM) Throughput", "Issue Slots Busy", "Achieved Occupancy", "Registers Per Thread")
 
 
 def summary(lines, metrics) -> list[tuple[str, str, str, str]]:
