@@ -1,0 +1,62 @@
+"""The Gluon attention kernels of Hopper GPUs, compiled for an H200 with the Triton it runs them with (3.6, which
+``make setup`` installs beside the suite's own in ``.venv/triton-3.6``; only its compiler is used, no GPU).
+
+The interpreter runs no Gluon, so this is where the CPU suite sees the code a Hopper GPU runs: that it compiles at
+the release shape's specialisation, that ptxas keeps each loop's asynchronous products in flight (it serialises
+them, waiting for every group a loop commits, where it cannot prove an asynchronous product safe: a several-fold
+slowdown that no result shows), and that the forward spills nothing. ``benchmarks/attention_sass.py`` compiles and
+reads the SASS; its ``lag-pv`` schedule is one ptxas serialises, so the check is seen to flag a real case.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+
+HOPPER_TRITON = Path(sys.prefix) / "triton-3.6"
+
+
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory) -> dict[str, dict]:
+    """``attention_sass.py --json`` by kernel name, compiled in a process of its own with the H200's Triton."""
+    if not (HOPPER_TRITON / "triton").is_dir():
+        pytest.skip(f"the H200's Triton is not installed in {HOPPER_TRITON}: run `make setup`")
+    path = os.pathsep.join(str(p) for p in (HOPPER_TRITON, ROOT / "kernels", ROOT / "src", ROOT / "benchmarks"))
+    env = dict(os.environ, PYTHONPATH=path, TRITON_INTERPRET="0",
+               TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton-3.6-cache")))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention_sass.py"), "--json"], env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = {record["kernel"]: record for record in map(json.loads, done.stdout.splitlines())}
+    assert {record["triton"] for record in found.values()} == {"3.6.0"}
+    return found
+
+
+def serialised(loops: list[list[int]]) -> bool:
+    """Whether some loop that issues products waits for every group it commits: (HGMMA, groups, waits for all)."""
+    return any(hgmma and waits >= groups for hgmma, groups, waits in loops)
+
+
+@pytest.mark.parametrize("kernel", ["attention_hopper._forward_kernel", "attention_hopper._backward_kernel"])
+def test_the_hopper_kernels_keep_their_products_in_flight(kernels, kernel):
+    loops = kernels[kernel]["loops"]
+    assert any(hgmma for hgmma, _, _ in loops), f"{kernel}: no loop issues HGMMA"
+    assert not serialised(loops), f"{kernel}: ptxas serialised a loop's products: {loops}"
+
+
+def test_the_hopper_forward_spills_nothing(kernels):
+    forward = kernels["attention_hopper._forward_kernel"]
+    assert (forward["spill_stores"], forward["spill_loads"]) == (0, 0)
+
+
+def test_a_schedule_that_ptxas_serialises_is_flagged(kernels):
+    """``lag-pv`` waits for each P V one tile later, with the accumulator carried in flight through the loop: ptxas
+    commits and waits for each of its 16 products alone; ``lockstep``, the same kernel waiting at once, keeps them
+    in two groups."""
+    assert serialised(kernels["attention_fwd_gluon.py --schedule lag-pv"]["loops"])
+    assert not serialised(kernels["attention_fwd_gluon.py --schedule lockstep"]["loops"])
