@@ -11,14 +11,14 @@ PYTEST_ARGS ?=
 
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-# The Triton an H200 runs the Gluon kernels with (they are written against it), beside the suite's own: the CPU
-# suite compiles them for sm_90 with it (tests/kernels/test_hopper_sass.py); only its compiler is used.
-HOPPER_TRITON ?= triton==3.6.0
-HOPPER_STAMP := $(VENV)/triton-3.6/.installed
+# The Triton an H200 runs the kernels with (the Gluon ones are written against it), beside the suite's own: the CPU
+# suite compiles them for sm_90 with it too (tests/kernels/sm90.py); only its compiler is used.
+H200_TRITON ?= triton==3.6.0
+H200_TRITON_STAMP := $(VENV)/triton-3.6/.installed
 
 .PHONY: gate test setup clean
 
-setup: $(STAMP) $(HOPPER_STAMP)
+setup: $(STAMP) $(H200_TRITON_STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,8 +26,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -e ".[test]"
 	touch $@
 
-$(HOPPER_STAMP): | $(STAMP)
-	$(BIN)/python -m pip install --no-deps --target $(dir $@) "$(HOPPER_TRITON)"
+$(H200_TRITON_STAMP): | $(STAMP)
+	$(BIN)/python -m pip install --no-deps --target $(dir $@) "$(H200_TRITON)"
 	touch $@
 
 # The evidence of `make gate` is signed with a throwaway key made here once (pass SIGN_KEY=... for a real one).
@@ -53,7 +53,7 @@ gate: $(STAMP) $(SIGN_KEY)
 
 # The whole CPU test suite. Its gate runs write to a new temporary folder: a test run never overwrites the
 # signed evidence `make gate` left in $(OUT).
-test: $(STAMP) $(HOPPER_STAMP)
+test: $(STAMP) $(H200_TRITON_STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest tests -n auto --h3-out="$$(mktemp -d -t h3-test-out.XXXXXX)" $(PYTEST_ARGS)
 
 clean:

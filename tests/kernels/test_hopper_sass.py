@@ -1,5 +1,5 @@
 """The Gluon attention kernels of Hopper GPUs, compiled for an H200 with the Triton it runs them with (3.6, which
-``make setup`` installs beside the suite's own in ``.venv/triton-3.6``; only its compiler is used, no GPU).
+``make setup`` installs beside the suite's own: ``sm90.H200_TRITON``; only its compiler is used, no GPU).
 
 The interpreter runs no Gluon, so this is where the CPU suite sees the code a Hopper GPU runs: that it compiles at
 the release shape's specialisation, that ptxas keeps each loop's asynchronous products in flight (it serialises
@@ -12,28 +12,23 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from conftest import ROOT
-
-HOPPER_TRITON = Path(sys.prefix) / "triton-3.6"
+from sm90 import H200_TRITON_VERSION, h200_triton_path
 
 
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory) -> dict[str, dict]:
     """``attention_sass.py --json`` by kernel name, compiled in a process of its own with the H200's Triton."""
-    if not (HOPPER_TRITON / "triton").is_dir():
-        pytest.skip(f"the H200's Triton is not installed in {HOPPER_TRITON}: run `make setup`")
-    path = os.pathsep.join(str(p) for p in (HOPPER_TRITON, ROOT / "kernels", ROOT / "src", ROOT / "benchmarks"))
-    env = dict(os.environ, PYTHONPATH=path, TRITON_INTERPRET="0",
-               TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton-3.6-cache")))
+    env = h200_triton_path(dict(os.environ, PYTHONPATH=str(ROOT / "benchmarks"), TRITON_INTERPRET="0",
+                                TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton-3.6-cache"))))
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention_sass.py"), "--json"], env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     found = {record["kernel"]: record for record in map(json.loads, done.stdout.splitlines())}
-    assert {record["triton"] for record in found.values()} == {"3.6.0"}
+    assert {record["triton"] for record in found.values()} == {H200_TRITON_VERSION}
     return found
 
 
