@@ -2,9 +2,10 @@
 (:mod:`h3_triton.attention_hopper`) and the two single-partition forward schedules of ``attention_fwd_gluon.py``,
 each at the release shape's specialisation (38,222 tokens x 56 heads x 128, every stride a multiple of 16).
 
-Usage: python benchmarks/attention_sass.py [--json]   (any machine, with triton==3.6.0, the release the H200 runs,
-           whose wheel ships ptxas and nvdisasm, and torch; see :mod:`sm90_sass`). ``--json``: one object a kernel
-           (its spills, and each loop's products, groups and waits), for ``tests/kernels/test_hopper_sass.py``
+Usage: PYTHONPATH=.venv/triton-3.6:benchmarks .venv/bin/python benchmarks/attention_sass.py [--json]
+           (any machine: the Triton the H200 runs, which ``make setup`` installs in ``.venv/triton-3.6``, ships
+           ptxas and nvdisasm; see :mod:`sm90_sass`). ``--json``: one object a kernel (its shared memory, spills, and
+           each loop's products, groups and waits), for ``tests/kernels/test_hopper_sass.py``
 
 For each kernel: registers (and the counts its warp-specialised partitions set), shared memory, the bytes ptxas
 spills, and every loop that issues products or touches local memory: its instructions, ``HGMMA`` instructions and
@@ -74,8 +75,9 @@ def main() -> None:
         read = sm90_sass.inspect(sm90_sass.compile_sm90(kernel, types, consts, aligned, **options))
         found = [loop for loop in sm90_sass.loops(read.sass) if loop.count("HGMMA", "LDL", "STL")]
         if args.json:
-            print(json.dumps({"kernel": name, "triton": triton.__version__, "spill_stores": read.spill_stores,
-                              "spill_loads": read.spill_loads, "loops": [loop.products for loop in found]}))
+            print(json.dumps({"kernel": name, "triton": triton.__version__, "shared": read.shared,
+                              "spill_stores": read.spill_stores, "spill_loads": read.spill_loads,
+                              "loops": [loop.products for loop in found]}))
             continue
         print(f"\n{name}\n  {read.summary()}")
         for loop in found:

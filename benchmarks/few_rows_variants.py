@@ -25,9 +25,10 @@ order, of dY[r, n] x act(x)[r, k], two bfloat16 values whose product float32 hol
 - ``SUMS_IF``: dbias's rows loaded only by the programs that store dbias (the first column tile);
 - ``EVICT``: W loaded and dW stored with ``evict_first``, neither being read again.
 
-``--sass`` needs only a triton that compiles for sm_90 (the H200 runs Triton 3.6: ``pip install triton==3.6.0`` in a
-virtual environment of its own, beside torch, to read the SASS the H200 runs); the instruction counts are the
-static body of the kernel's longest loop (its 64-row step), per thread and per element of W.
+``--sass`` needs only a triton that compiles for sm_90; to read the SASS the H200 runs, the H200's Triton 3.6, which
+``make setup`` installs in ``.venv/triton-3.6`` (``PYTHONPATH=.venv/triton-3.6:benchmarks .venv/bin/python
+benchmarks/few_rows_variants.py --sass``); the instruction counts are the static body of the kernel's longest loop
+(its 64-row step), per thread and per element of W.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a kernel compiles to on an H200 (sm_90), read on any machine: no GPU is needed to compile, only the triton
-the H200 runs (3.6: ``pip install triton==3.6.0`` beside torch in a virtual environment of its own), whose wheel
-ships ptxas, nvdisasm and cuobjdump.
+the H200 runs (3.6, which ``make setup`` installs in ``.venv/triton-3.6``: put it first on ``PYTHONPATH``), whose
+wheel ships ptxas, nvdisasm and cuobjdump.
 
 :func:`compile_sm90` compiles a Triton or Gluon kernel at a launch's specialisation (unit strides as constants,
 pointers and multiples of 16 marked divisible by 16); :func:`inspect` reads the result: registers and shared

@@ -4,8 +4,9 @@
 The interpreter runs no Gluon, so this is where the CPU suite sees the code a Hopper GPU runs: that it compiles at
 the release shape's specialisation, that ptxas keeps each loop's asynchronous products in flight (it serialises
 them, waiting for every group a loop commits, where it cannot prove an asynchronous product safe: a several-fold
-slowdown that no result shows), and that the forward spills nothing. ``benchmarks/attention_sass.py`` compiles and
-reads the SASS; its ``lag-pv`` schedule is one ptxas serialises, so the check is seen to flag a real case.
+slowdown that no result shows), that they fit an SM's shared memory, and that the forward spills nothing.
+``benchmarks/attention_sass.py`` compiles and reads the SASS; its ``lag-pv`` schedule is one ptxas serialises, so
+the check is seen to flag a real case.
 """
 
 import json
@@ -42,6 +43,13 @@ def test_the_hopper_kernels_keep_their_products_in_flight(kernels, kernel):
     loops = kernels[kernel]["loops"]
     assert any(hgmma for hgmma, _, _ in loops), f"{kernel}: no loop issues HGMMA"
     assert not serialised(loops), f"{kernel}: ptxas serialised a loop's products: {loops}"
+
+
+@pytest.mark.parametrize("kernel", ["attention_hopper._forward_kernel", "attention_hopper._backward_kernel"])
+def test_the_hopper_kernels_fit_an_sms_shared_memory(kernels, kernel):
+    """227 KiB a block on an H200; the forward's ring of three key and value stages takes 224 KiB of it, so a
+    barrier or a stage more is refused at launch, on the GPU only."""
+    assert kernels[kernel]["shared"] <= 227 * 1024
 
 
 def test_the_hopper_forward_spills_nothing(kernels):
