@@ -2,14 +2,14 @@
 the H200 runs (3.6, which ``make setup`` installs in ``.venv/triton-3.6``: put it first on ``PYTHONPATH``), whose
 wheel ships ptxas, nvdisasm and cuobjdump.
 
-:func:`compile_sm90` compiles a Triton or Gluon kernel at a launch's specialisation (unit strides as constants,
-pointers and multiples of 16 marked divisible by 16); :func:`inspect` reads the result: registers and shared
-memory (cuobjdump), spilled bytes (ptxas's own report on the kernel's PTX, the same compile the wheel ran), and the
-SASS (nvdisasm), whose loops :func:`loops` finds and :class:`Loop` summarises: its instructions, local-memory
-accesses (spills reloaded inside it), exponentials, and Hopper's asynchronous products: how many ``HGMMA``
-instructions it issues, in how many commit groups, and how many waits it makes for all of them (a loop that waits
-for every group it commits runs its products one after another: ptxas serialises them where it cannot prove an
-asynchronous product safe).
+:func:`compile_sm90` compiles a Triton or Gluon kernel at the specialisation a launch would give it, as the
+caller states it (constexprs, unit strides among them, and the arguments divisible by 16); :func:`inspect` reads
+the result: registers and shared memory (cuobjdump), spilled bytes (ptxas's own report on the kernel's PTX, the
+same compile the wheel ran), and the SASS (nvdisasm), whose loops :func:`loops` finds and :class:`Loop`
+summarises: its instructions, local-memory accesses (spills reloaded inside it), exponentials, and Hopper's
+asynchronous products: how many ``HGMMA`` instructions it issues, in how many commit groups, and how many waits it
+makes for all of them (a loop that waits for every group it commits runs its products one after another: ptxas
+serialises them where it cannot prove an asynchronous product safe).
 """
 
 from __future__ import annotations
@@ -52,7 +52,9 @@ class Loop:
 
     @property
     def products(self) -> tuple[int, int, int]:
-        """(HGMMA instructions, commit groups, waits for every group): groups end at an HGMMA marked ``gsb0``."""
+        """(HGMMA instructions, commit groups, waits for every group): groups end at an HGMMA marked ``gsb0``.
+        Static counts: in a body with branches (a persistent GEMM's tile loop, its epilogue inside) a wait on a path
+        taken once a tile counts as one of every iteration."""
         groups = sum(1 for line in self.lines if "HGMMA" in line and "gsb0" in line)
         drains = sum(1 for line in self.lines if re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x0\b", line))
         return self.count("HGMMA"), groups, drains
