@@ -41,9 +41,10 @@ def compile_(kernel, consts, tensors, warps, stages):
 
 
 def h200_triton_path(env: dict) -> dict:
-    """``env`` with the H200's Triton first on ``PYTHONPATH``; skips the test where it is not installed."""
+    """``env`` with the H200's Triton first on ``PYTHONPATH``; fails the test where it is not installed."""
     if not (H200_TRITON / "triton").is_dir():
-        pytest.skip(f"the H200's Triton is not installed in {H200_TRITON}: run `make setup`")
+        pytest.fail(f"the H200's Triton {H200_TRITON_VERSION} is not installed in {H200_TRITON}: run `make setup`, "
+                    "which installs it there", pytrace=False)
     return {**env, "PYTHONPATH": os.pathsep.join(filter(None, [str(H200_TRITON), env.get("PYTHONPATH")]))}
 
 
