@@ -324,10 +324,25 @@ for config in G._DESCRIBED.tilings[2]:
         done = compile_(G._tma_gemm_kernel, consts, dict.fromkeys(("a_ptr", "b_ptr", "c_ptr", "bias_ptr"), "*bf16"),
                         config.num_warps, config.num_stages)
         assert "cp.async.bulk.tensor" in done.asm["ptx"] and "wgmma" in done.asm["ptx"], (config, a_t, b_t)
+
+# The AdaLN's kernels as the release model launches them (benchmarks/results/paths-release-cuda.txt): its forward
+# (a float32 SiLU'd temb over bfloat16 W), and the few-rows backward of silu_linear (3 rows, split into chunks)
+# and of linear (15 rows, one chunk), each at every bfloat16 tiling.
+for config in G._SKINNY.tilings[2]:
+    consts = dict(config.kwargs, M_SPLIT=False, HAS_BIAS=True, A_SILU=True, SILU_GRAD=False, INTERPRETED=False)
+    compile_(G._gemm_kernel, consts, dict(a_ptr="*fp32", b_ptr="*bf16", c_ptr="*bf16", bias_ptr="*bf16",
+                                          z_ptr="*bf16"), config.num_warps, config.num_stages)
+for rows, silu, x, partial in ((3, True, "*fp32", "*fp32"), (15, False, "*bf16", "*bf16")):
+    tensors = dict(dy_ptr="*bf16", x_ptr=x, w_ptr="*bf16", dx_ptr=x, dw_ptr="*bf16", dbias_ptr="*bf16",
+                   partial_ptr=partial, count_ptr="*i32")
+    for config in G._FEW_ROWS_BACKWARD.tilings[2]:
+        consts = dict(config.kwargs, R=rows, M_SPLIT=False, SILU=silu, HAS_DBIAS=silu, INTERPRETED=False)
+        compile_(G._few_rows_backward_kernel, consts, tensors, config.num_warps, config.num_stages)
 """
 
 
 def test_descriptor_kernel_compiles_for_h200():
-    """Every tiling of the TMA GEMM in every operand layout compiles for sm_90 to TMA copies feeding wgmma, within
-    the 227 KiB of shared memory an SM has."""
+    """Every tiling of the TMA GEMM in every operand layout compiles for sm_90 to TMA copies feeding wgmma, and
+    every bfloat16 tiling of the AdaLN's forward and few-rows backward compiles, each within the 227 KiB of shared
+    memory an SM has."""
     compile_for_h200(COMPILE_FOR_H200)
