@@ -23,7 +23,8 @@ from sm90 import H200_TRITON_VERSION, h200_triton_path
 @pytest.fixture(scope="module")
 def kernels(tmp_path_factory) -> dict[str, dict]:
     """``attention_sass.py --json`` by kernel name, compiled in a process of its own with the H200's Triton."""
-    env = h200_triton_path(dict(os.environ, PYTHONPATH=str(ROOT / "benchmarks"), TRITON_INTERPRET="0",
+    path = os.pathsep.join(filter(None, [str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")]))
+    env = h200_triton_path(dict(os.environ, PYTHONPATH=path, TRITON_INTERPRET="0",
                                 TRITON_CACHE_DIR=str(tmp_path_factory.mktemp("triton-3.6-cache"))))
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "attention_sass.py"), "--json"], env=env,
                           capture_output=True, text=True, timeout=600)
