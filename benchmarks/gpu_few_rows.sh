@@ -3,7 +3,8 @@
 # tilings timed at the release shape (wall, GPU and host time beside the provider's, gemm_tilings.py), Nsight
 # Compute of one forward+backward of the candidate and the provider (the sections in NCU_SECTIONS, default
 # SpeedOfLight; add WarpStateStats, MemoryWorkloadAnalysis, Occupancy and SourceCounters for where the warps stall),
-# the GEMM unit tests, and the kernel's variants (few_rows_variants.py: FEW_ROWS_VARIANTS at FEW_ROWS_VARIANT_TILINGS,
+# the GEMM unit tests (their sm_90 compile test compiles every tiling of the AdaLN's kernels too: UNITS_LIMIT 150 s),
+# and the kernel's variants (few_rows_variants.py: FEW_ROWS_VARIANTS at FEW_ROWS_VARIANT_TILINGS,
 # each timed beside the provider and checked bitwise against the product kernel).
 # Then run `ONLY=linear benchmarks/gpu_kernels.sh` for the kernel gate and tilings of linear and silu_linear.
 set -uo pipefail
@@ -19,7 +20,7 @@ for who in ${NCU_WHO:-candidate provider}; do
   mv "$OUT/ncu-silu-linear-bwd-$who.log" "$OUT/ncu-silu-linear-bwd-$who.csv"
   python3 benchmarks/ncu_summary.py "$OUT/ncu-silu-linear-bwd-$who.csv" --metrics "Duration,DRAM Throughput"
 done
-phase gemm-units "${UNITS_LIMIT:-90}" python3 -m pytest tests/kernels/test_gemm.py -n 8 --h3-workers-per-gpu=8 -q
+phase gemm-units "${UNITS_LIMIT:-150}" python3 -m pytest tests/kernels/test_gemm.py -n 8 --h3-workers-per-gpu=8 -q
 grep -E "^(FAILED|E  )|passed|failed" "$OUT/gemm-units.log" | head -20
 phase few-rows-variants "${VARIANTS_LIMIT:-240}" python3 benchmarks/few_rows_variants.py \
   --variants "${FEW_ROWS_VARIANTS:-product,XT,TRANS+XT,TRANS+XT+GT+SUMS_IF,XT+EVICT}" \
