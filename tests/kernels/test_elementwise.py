@@ -15,6 +15,7 @@ from diffusers.models.transformers.transformer_minimax_h3 import (
 
 from h3_triton.elementwise import gated_residual, swiglu
 from kernel_checks import assert_bounded, nan_padded, strided_index, table_index
+from sm90 import compile_for_h200
 
 TABLE_ROWS = 6
 RUNS = [4, 1, 0, 4, 3]  # table rows left out stay unreferenced: their gradients must be 0
@@ -182,3 +183,22 @@ def test_providers_are_diffusers_block():
 def test_rejects_bad_inputs(call, error, match):
     with pytest.raises(error, match=match):
         call()
+
+
+def test_compiles_for_h200():
+    """SwiGLU over the release model's 28,672-wide up-projection and the gated residual over its width 5,376 (with
+    and without a gate), forward and backward, at the tilings the launches pick, compiled for sm_90."""
+    compile_for_h200("""
+import h3_triton.elementwise as E
+from h3_triton.rowreduce import full_row_tiling
+tensors = dict(h_ptr="*bf16", y_ptr="*bf16", dy_ptr="*bf16", dh_ptr="*bf16", res_ptr="*bf16", gate_ptr="*bf16",
+               idx_ptr="*i64", out_ptr="*bf16", dout_ptr="*bf16", part_ptr="*fp32", flag_ptr="*i32")
+_, swiglu = E._swiglu_grid(38733, 14336)
+warps = swiglu.pop("num_warps")
+compile_(E._swiglu_forward_kernel, swiglu, tensors, warps, 1)
+compile_(E._swiglu_backward_kernel, swiglu, tensors, warps, 1)
+row = full_row_tiling(5376, "residual")
+for gated in (True, False):
+    compile_(E._gated_forward_kernel, dict(GATED=gated, BLOCK_S=row.rows, BLOCK_C=row.width), tensors, row.warps, 1)
+compile_(E._gated_backward_kernel, dict(BLOCK_S=row.rows, BLOCK_C=row.width), tensors, row.warps, 1)
+""")

@@ -339,11 +339,15 @@ for rows, silu, x, partial in ((3, True, "*fp32", "*fp32"), (15, False, "*bf16",
     for config in G._FEW_ROWS_BACKWARD.tilings[2]:
         consts = dict(config.kwargs, R=rows, M_SPLIT=False, SILU=silu, HAS_DBIAS=silu, INTERPRETED=False)
         compile_(G._few_rows_backward_kernel, consts, tensors, config.num_warps, config.num_stages)
+# the sum of a split-K skinny product's chunks (Triton's default 4 warps, as it is launched)
+consts = dict(M_SPLIT=False, HAS_BIAS=False, SILU_GRAD=False, INTERPRETED=False, BLOCK_M=G._SKINNY_ROWS,
+              BLOCK_N=G._CHUNK_SUM_N)
+compile_(G._chunk_sum_kernel, consts, dict(partial_ptr="*fp32", c_ptr="*bf16", bias_ptr="*bf16", z_ptr="*bf16"), 4, 3)
 """
 
 
 def test_descriptor_kernel_compiles_for_h200():
     """Every tiling of the TMA GEMM in every operand layout compiles for sm_90 to TMA copies feeding wgmma, and
-    every bfloat16 tiling of the AdaLN's forward and few-rows backward compiles, each within the 227 KiB of shared
-    memory an SM has."""
+    every bfloat16 tiling of the AdaLN's forward and few-rows backward compiles, and the split-K chunk sum, each
+    within the 227 KiB of shared memory an SM has."""
     compile_for_h200(COMPILE_FOR_H200)

@@ -174,3 +174,24 @@ for width in (5376, 96):
     consts = dict(MODULATED=True, BLOCK_S=tiling.rows, BLOCK_C=tiling.width)
     compile_(N._forward_kernel, consts, tensors, tiling.warps, 1)
 """)
+
+
+def test_backward_compiles_for_h200():
+    """The backward at the release width, modulated or not, the table gradients' finalize and the slot reduction
+    (:mod:`h3_triton.rowreduce`, every op's weight gradient) at the slot counts of the release launches, compiled
+    for sm_90 as the GPU compiles them."""
+    compile_for_h200("""
+import h3_triton.norm as N
+import h3_triton.rowreduce as RR
+tensors = dict(x_ptr="*bf16", w_ptr="*bf16", scale_ptr="*bf16", idx_ptr="*i64", dy_ptr="*bf16", dx_ptr="*bf16",
+               part_ptr="*fp32", flag_ptr="*i32", dscale_ptr="*bf16", dshift_ptr="*bf16", wpart_ptr="*fp32",
+               wflag_ptr="*i32", out_ptr="*bf16")
+row = RR.full_row_tiling(5376, "x")
+for modulated in (True, False):
+    compile_(N._backward_kernel, dict(MODULATED=modulated, BLOCK_S=row.rows, BLOCK_C=row.width), tensors,
+             row.warps, 1)
+for programs in (4, 16, 32, 132):
+    blocks = RR.slot_blocks(programs, 5376)
+    compile_(N._table_grads_kernel, dict(BLOCK_G=blocks.rows, BLOCK_C=blocks.width), tensors, blocks.warps, 1)
+    compile_(RR._reduce_slots_kernel, dict(BLOCK_G=blocks.rows, BLOCK_C=blocks.width), tensors, blocks.warps, 1)
+""")

@@ -12,6 +12,7 @@ from diffusers.models.transformers.transformer_minimax_h3 import MiniMaxH3Rotary
 
 from h3_triton.rope import qk_norm_rope
 from kernel_checks import assert_bounded, nan_padded
+from sm90 import compile_for_h200
 
 EPS = 1e-6
 # (batch, S, heads, head_dim, rope_freq_dim): R = 6 x rope_freq_dim rotated channels, R/2 odd in two cases,
@@ -109,3 +110,23 @@ def test_rejects_bad_inputs(kwargs, error, match):
     args = dict(x=torch.zeros(1, 4, 2, 8), weight=torch.ones(8), eps=EPS) | kwargs
     with pytest.raises(error, match=match):
         qk_norm_rope(**args)
+
+
+def test_compiles_for_h200():
+    """Forward and backward at the release model's 56 heads of 128, with and without RoPE, at the tilings the
+    launches pick, compiled for sm_90 as the GPU compiles them."""
+    compile_for_h200("""
+import triton
+import h3_triton.rope as R
+from h3_triton.rowreduce import full_row_tiling
+heads, dim = 56, 128
+tensors = dict(x_ptr="*bf16", w_ptr="*bf16", cos_ptr="*fp32", sin_ptr="*fp32", y_ptr="*bf16", dy_ptr="*bf16",
+               dx_ptr="*bf16", part_ptr="*fp32", flag_ptr="*i32")
+block_h = triton.next_power_of_2(heads)
+forward, backward = full_row_tiling(block_h * dim, "x"), full_row_tiling(dim, "x")
+for rope in (True, False):
+    compile_(R._forward_kernel, dict(ROPE=rope, BLOCK_P=forward.rows, BLOCK_H=block_h,
+                                     BLOCK_D=forward.width // block_h), tensors, forward.warps, 1)
+    compile_(R._backward_kernel, dict(ROPE=rope, BLOCK_M=backward.rows, BLOCK_D=backward.width), tensors,
+             backward.warps, 1)
+""")
