@@ -325,13 +325,15 @@ for config in G._DESCRIBED.tilings[2]:
                         config.num_warps, config.num_stages)
         assert "cp.async.bulk.tensor" in done.asm["ptx"] and "wgmma" in done.asm["ptx"], (config, a_t, b_t)
 
-# The AdaLN's kernels as the release model launches them (benchmarks/results/paths-release-cuda.txt): its forward
-# (a float32 SiLU'd temb over bfloat16 W), and the few-rows backward of silu_linear (3 rows, split into chunks)
-# and of linear (15 rows, in one chunk or split: the float32 partial sums), each at every bfloat16 tiling.
-for config in G._SKINNY.tilings[2]:
-    consts = dict(config.kwargs, M_SPLIT=False, HAS_BIAS=True, A_SILU=True, SILU_GRAD=False, INTERPRETED=False)
-    compile_(G._gemm_kernel, consts, dict(a_ptr="*fp32", b_ptr="*bf16", c_ptr="*bf16", bias_ptr="*bf16",
-                                          z_ptr="*bf16"), config.num_warps, config.num_stages)
+# The skinny kernels as the release model launches them (benchmarks/results/paths-release-cuda.txt), each at every
+# bfloat16 tiling: the forward of the AdaLN (a float32 SiLU'd temb over bfloat16 W) and of linear over 15 rows
+# (whole, or in float32 chunks of K), and the few-rows backward of silu_linear (3 rows, split into chunks) and of
+# linear (15 rows, in one chunk or split: the float32 partial sums).
+for a, c, adaln in (("*fp32", "*bf16", True), ("*bf16", "*bf16", False), ("*bf16", "*fp32", False)):
+    for config in G._SKINNY.tilings[2]:
+        consts = dict(config.kwargs, M_SPLIT=False, HAS_BIAS=adaln, A_SILU=adaln, SILU_GRAD=False, INTERPRETED=False)
+        compile_(G._gemm_kernel, consts, dict(a_ptr=a, b_ptr="*bf16", c_ptr=c, bias_ptr="*bf16", z_ptr="*bf16"),
+                 config.num_warps, config.num_stages)
 for rows, silu, x, partial in ((3, True, "*fp32", "*fp32"), (15, False, "*bf16", "*bf16"),
                                (15, False, "*bf16", "*fp32")):
     tensors = dict(dy_ptr="*bf16", x_ptr=x, w_ptr="*bf16", dx_ptr=x, dw_ptr="*bf16", dbias_ptr="*bf16",

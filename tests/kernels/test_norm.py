@@ -164,14 +164,14 @@ def test_rejects_bad_inputs(kwargs, error, match):
 
 
 def test_forward_compiles_for_h200():
-    """The forward at the release width (5376: six chunks, the last partial) and at a narrow one (whole rows,
-    many per tile), modulated, compiled for sm_90 as the GPU compiles it."""
+    """The forward at the release width (5376: six chunks, the last partial), modulated or not, and at a narrow one
+    (whole rows, many per tile), compiled for sm_90 as the GPU compiles it."""
     compile_for_h200("""
 import h3_triton.norm as N
 tensors = dict(x_ptr="*bf16", w_ptr="*bf16", scale_ptr="*bf16", shift_ptr="*bf16", idx_ptr="*i64", y_ptr="*bf16")
-for width in (5376, 96):
+for width, modulated in ((5376, True), (5376, False), (96, True)):
     tiling = N._forward_tiling(width, "x")
-    consts = dict(MODULATED=True, BLOCK_S=tiling.rows, BLOCK_C=tiling.width)
+    consts = dict(MODULATED=modulated, BLOCK_S=tiling.rows, BLOCK_C=tiling.width)
     compile_(N._forward_kernel, consts, tensors, tiling.warps, 1)
 """)
 
