@@ -8,18 +8,21 @@ Usage: python benchmarks/few_rows_variants.py --sass [--variants XT,XT+TRANS] [-
        python benchmarks/few_rows_variants.py   (GPU: forward+backward at the release shape, wall and GPU time beside
            the provider's and the product's, every gradient compared bitwise with the product's)
 
-The product kernel runs a 64-row step of W per iteration: a tensor-core product for dX, and dW written beside it as
-R multiply-adds per element. On an H200 it reaches 50% of the DRAM bandwidth with SMs active 76% of its time
-(``results/h200-perf/silu-linear/ncu-bwd-few-rows.csv``), where the provider's two cuBLAS kernels reach 71% and
-92%. Compiled for sm_90 (Triton 3.6), its loop issues 0.42-0.73 warp-instructions per element of W over its
-tilings; at the profiled 128 x 4 x 3 Triton lays the dW tile out with all 64 rows in every thread (each column's x in
-one thread), so every thread loads all 64 dY values of each row and converts them, the tile passes through shared
-memory to be stored in 16-byte pieces, and 3 programs fit an SM: 1.27 waves of the release grid, the last one short.
-The flags change how dW's operands reach the loop, never its arithmetic (each element is the sum over rows, in row
-order, of dY[r, n] x act(x)[r, k], two bfloat16 values whose product float32 holds exactly):
+The kernel runs a 64-row step of W per iteration: a tensor-core product for dX, and dW written beside it as R
+multiply-adds per element. As first written (every flag below off) it reached 50% of the DRAM bandwidth on an H200
+with SMs active 76% of its time (``results/h200-perf/silu-linear/ncu-bwd-few-rows.csv``), where the provider's two
+cuBLAS kernels reach 71% and 92%. Compiled for sm_90 (Triton 3.6), its loop issued 0.42-0.73 warp-instructions per
+element of W over its tilings; at 128 x 4 x 3 Triton lays the dW tile out with all 64 rows in every thread (each
+column's x in one thread), so every thread loads all 64 dY values of each row and converts them, the tile passes
+through shared memory to be stored in 16-byte pieces, and 3 programs fit an SM: 1.27 waves of the release grid, the
+last one short. ``TRANS+XT`` measured fastest (``results/h200-perf/silu-linear/few-rows-variants*.log``: 0.408-0.425
+ms of GPU time for the forward+backward at 128 columns, against 0.563-0.566 ms) and is now the product kernel's form;
+the variant kernel keeps the first form (``none``) and the other flags to compare. The flags change how dW's
+operands reach the loop, never its arithmetic (each element is the sum over rows, in row order, of
+dY[r, n] x act(x)[r, k], two bfloat16 values whose product float32 holds exactly):
 
 - ``XT``: act(x) for all rows loaded and rounded once before the loop, each row taken from that tile inside it
-  (a sum of one value and zeros, exact) where the product reloads and recomputes it every step;
+  (a sum of one value and zeros, exact) where the first form reloads and recomputes it every step;
 - ``TRANS``: the dW tile formed transposed (columns by rows) and stored through transposed pointers;
 - ``GT``: dY's rows taken from the step's dY tile (already loaded for the dX product) instead of loads of their own;
 - ``SUMS_IF``: dbias's rows loaded only by the programs that store dbias (the first column tile);
@@ -49,7 +52,7 @@ from h3_triton.interpret import INTERPRET, mma, to_dtype
 import sm90_sass
 
 FLAGS = ("XT", "TRANS", "GT", "SUMS_IF", "EVICT")
-VARIANTS = "product,XT,XT+SUMS_IF,TRANS+XT,TRANS+XT+SUMS_IF,TRANS+XT+GT+SUMS_IF,XT+EVICT"
+VARIANTS = "product,none,XT,XT+SUMS_IF,TRANS+XT,TRANS+XT+SUMS_IF,TRANS+XT+GT+SUMS_IF,XT+EVICT"
 TILINGS = "64x2x3,64x2x4,64x4x3,128x4x3,128x8x3,256x8x3"
 
 
@@ -67,8 +70,8 @@ def _variant_kernel(
     BLOCK_K: tl.constexpr,
     XT: tl.constexpr, TRANS: tl.constexpr, GT: tl.constexpr, SUMS_IF: tl.constexpr, EVICT: tl.constexpr,
 ):
-    """The product kernel with the flags of the module docstring (all off: the product kernel, instruction for
-    instruction)."""
+    """The kernel as first written, with the flags of the module docstring (``TRANS+XT``: the product kernel's
+    form, instruction for instruction)."""
     STEP: tl.constexpr = 64
     ROWS: tl.constexpr = 16
     EVICTION: tl.constexpr = "evict_first" if EVICT else ""
@@ -144,10 +147,10 @@ def _variant_kernel(
 
 
 def _flags(variant: str) -> dict:
-    named = [] if variant == "product" else variant.split("+")
+    named = [] if variant in ("product", "none") else variant.split("+")
     unknown = set(named) - set(FLAGS)
     if unknown:
-        raise SystemExit(f"variant {variant!r}: unknown flags {sorted(unknown)}; use 'product' or '+'-joined {FLAGS}")
+        raise SystemExit(f"variant {variant!r}: unknown flags {sorted(unknown)}; use 'product', 'none' or '+'-joined {FLAGS}")
     return {flag: flag in named for flag in FLAGS}
 
 

@@ -20,8 +20,9 @@ over at most 16 rows with those same bits (:func:`_few_rows_backward_kernel`): W
 written beside it, and the chunk sums are added by the last program of each column tile, in chunk order, so three
 launches become one. The step was host-bound, each Triton launch costing the host more than these kernels' GPU
 time: on an H200 the AdaLN's forward+backward went from 0.56x to 0.74x the provider's in the release bench, though
-its GPU time grew (0.525 against 0.467 ms at the first tilings: the one kernel reaches 50% of the DRAM bandwidth
-where the split-K input gradient alone reached 90%; ``benchmarks/results/h200-perf/silu-linear/``).
+its GPU time first grew (0.525 against 0.467 ms at the first tilings: the one kernel reached 50% of the DRAM
+bandwidth where the split-K input gradient alone reached 90%), then fell to 0.408 ms (the provider's 0.404) once it
+formed act(x) once and dW transposed (``benchmarks/results/h200-perf/silu-linear/``).
 
 Rows: an input (..., K) is addressed without copies when its leading dimensions collapse to at most two
 strides (``outer``, ``inner``), which covers 2-D and 3-D slices of larger buffers. The reduction over rows of
@@ -270,7 +271,11 @@ def _few_rows_backward_kernel(
 
     R is a constexpr (a kernel per row count, at most 16): the loop over rows unrolls, so the loop over W's rows
     holds no loop of its own (with a runtime R, 534 us on an H200 at the AdaLN's release shape, 40% of the DRAM
-    bandwidth; with R unrolled 427 us, 50%, both at 128 columns, 4 warps, 3 stages).
+    bandwidth; with R unrolled 427 us, 50%, both at 128 columns, 4 warps, 3 stages). act(x) is formed once, before
+    that loop, and dW's tile is formed transposed (columns by rows), whose layout Triton stores without a pass
+    through shared memory: on an H200 the AdaLN's forward+backward took 0.425 ms of GPU time at that tiling against
+    0.566 with act(x) reloaded every step into a rows-by-columns tile, the same bits
+    (``benchmarks/few_rows_variants.py``, the flags ``TRANS+XT``: ``results/h200-perf/silu-linear/``).
     """
     STEP: tl.constexpr = 64
     ROWS: tl.constexpr = 16
@@ -286,6 +291,13 @@ def _few_rows_backward_kernel(
     dy_rows = dy_ptr + _row_offsets(rr, R_INNER, s_dy_mo, s_dy_mi, M_SPLIT)
     w_cols = w_ptr + rk.to(tl.int64) * s_w_k
     dw_cols = dw_ptr + rk.to(tl.int64) * s_dw_k
+    # act(x) for every row, once: each step takes row r from this tile (a sum of its value and zeros, exact)
+    xs = tl.load(x_ptr + _row_offsets(rr, R_INNER, s_x_mo, s_x_mi, M_SPLIT)[:, None] + rk[None, :] * s_x_k,
+                 mask=in_r[:, None] & in_k[None, :], other=0.0)
+    if SILU:
+        xs = xs.to(tl.float32)
+        xs = to_dtype(xs * tl.sigmoid(xs), dy_ptr.dtype.element_ty, INTERPRETED)
+    xs = xs.to(tl.float32)
     acc = tl.zeros((ROWS, BLOCK_K), dtype=tl.float32)
     for step in range(0, n_len, STEP):
         n = n_start + step + rs
@@ -293,20 +305,16 @@ def _few_rows_backward_kernel(
         g = tl.load(dy_rows[:, None] + n[None, :] * s_dy_n, mask=in_r[:, None] & in_n[None, :], other=0.0)
         w = tl.load(w_cols[None, :] + n[:, None] * s_w_n, mask=in_n[:, None] & in_k[None, :], other=0.0)
         acc = mma(g, w, acc, INTERPRETED)
-        dw = tl.zeros((STEP, BLOCK_K), dtype=tl.float32)
+        dw_t = tl.zeros((BLOCK_K, STEP), dtype=tl.float32)  # dW's tile transposed: columns by rows
         sums = tl.zeros((STEP,), dtype=tl.float32)
         for r in tl.static_range(R):
             g_r = tl.load(dy_ptr + _row_offsets(r, R_INNER, s_dy_mo, s_dy_mi, M_SPLIT) + n * s_dy_n, mask=in_n,
-                          other=0.0)
-            x_r = tl.load(x_ptr + _row_offsets(r, R_INNER, s_x_mo, s_x_mi, M_SPLIT) + rk * s_x_k, mask=in_k,
-                          other=0.0)
-            if SILU:
-                x_r = x_r.to(tl.float32)
-                x_r = to_dtype(x_r * tl.sigmoid(x_r), g_r.dtype, INTERPRETED)
-            dw += g_r.to(tl.float32)[:, None] * x_r.to(tl.float32)[None, :]
-            sums += g_r.to(tl.float32)
-        tl.store(dw_cols[None, :] + n.to(tl.int64)[:, None] * s_dw_n,
-                 to_dtype(dw, dw_ptr.dtype.element_ty, INTERPRETED), mask=in_n[:, None] & in_k[None, :])
+                          other=0.0).to(tl.float32)
+            x_r = tl.sum(tl.where(rr[:, None] == r, xs, 0.0), axis=0)
+            dw_t += x_r[:, None] * g_r[None, :]
+            sums += g_r
+        tl.store(dw_cols[:, None] + n.to(tl.int64)[None, :] * s_dw_n,
+                 to_dtype(dw_t, dw_ptr.dtype.element_ty, INTERPRETED), mask=in_k[:, None] & in_n[None, :])
         if HAS_DBIAS:
             if pid_k == 0:
                 tl.store(dbias_ptr + n * s_dbias, to_dtype(sums, dbias_ptr.dtype.element_ty, INTERPRETED), mask=in_n)
@@ -456,12 +464,12 @@ _OUTER = Launcher(
 
 # The whole backward over few rows in one launch (the AdaLN's: W 96,768 x 2,688 read once for dX while dW is
 # written beside it): a tile of BLOCK_K columns per program. In GPU time at the AdaLN's release shape on an H200,
-# with its forward (benchmarks/results/h200-perf/silu-linear/few-rows-tilings.log): 64 x 2 warps x 3 stages
-# 0.525 ms, 128 x 8 x 3 0.532, 128 x 4 x 4 0.568, 128 x 4 x 3 0.569, 256 x 8 x 3 0.571 (the provider 0.406).
-# float32 takes half as wide a tile (its W step and dW tile double in bytes).
+# with its forward (benchmarks/results/h200-perf/silu-linear/few-rows-variants-2.log, TRANS+XT): 128 x 4 warps x
+# 2 stages 0.408 ms, 128 x 8 x 3 0.417, 128 x 4 x 3 0.425, 64 x 4 x 3 0.436, 256 x 8 x 3 0.464 (the provider
+# 0.404). float32 takes half as wide a tile (its W step and dW tile double in bytes).
 _FEW_ROWS_BACKWARD = Launcher(
     _few_rows_backward_kernel,
-    {2: configs([(64, 2, 3), (128, 8, 3), (128, 4, 4), (128, 4, 3), (256, 8, 3)], ("BLOCK_K",)),
+    {2: configs([(128, 4, 2), (128, 8, 3), (128, 4, 3), (64, 4, 3), (256, 8, 3)], ("BLOCK_K",)),
      4: configs([(64, 4, 3), (128, 8, 2)], ("BLOCK_K",))},
     key=["N", "K", "CHUNKS"],
     interpreter={"BLOCK_K": 128},
