@@ -4,14 +4,15 @@
 # Compute of one forward+backward of the candidate and the provider (the sections in NCU_SECTIONS, default
 # SpeedOfLight; add WarpStateStats, MemoryWorkloadAnalysis, Occupancy and SourceCounters for where the warps stall),
 # the GEMM unit tests (their sm_90 compile test compiles every tiling of the AdaLN's kernels too: UNITS_LIMIT 150 s),
-# and the kernel's variants (few_rows_variants.py: FEW_ROWS_VARIANTS at FEW_ROWS_VARIANT_TILINGS,
-# each timed beside the provider and checked bitwise against the product kernel).
+# the kernel's variants (few_rows_variants.py: FEW_ROWS_VARIANTS at FEW_ROWS_VARIANT_TILINGS,
+# each timed beside the provider and checked bitwise against the product kernel), and where the host's time to
+# enqueue the op goes, the provider's beside (host_profile.py: the step is host-bound).
 # Then run `ONLY=linear benchmarks/gpu_kernels.sh` for the kernel gate and tilings of linear and silu_linear.
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
 export H3_TRITON_AUTOTUNE=0
 phase few-rows-tilings "${TILINGS_LIMIT:-100}" python3 benchmarks/gemm_tilings.py --op silu_linear \
-  --launcher _FEW_ROWS_BACKWARD --tilings "${FEW_ROWS_TILINGS:-128x4x3,256x8x3,64x4x3,128x8x2,128x4x4,256x4x3,64x4x4}"
+  --launcher _FEW_ROWS_BACKWARD --tilings "${FEW_ROWS_TILINGS:-128x4x2,128x8x3,128x4x3,64x4x3,256x8x3,128x4x4}"
 grep -v -i warn "$OUT/few-rows-tilings.log"
 for who in ${NCU_WHO:-candidate provider}; do
   phase "ncu-silu-linear-bwd-$who" "${NCU_LIMIT:-50}" ncu --clock-control none --profile-from-start off --csv \
@@ -23,6 +24,8 @@ done
 phase gemm-units "${UNITS_LIMIT:-150}" python3 -m pytest tests/kernels/test_gemm.py -n 8 --h3-workers-per-gpu=8 -q
 grep -E "^(FAILED|E  )|passed|failed" "$OUT/gemm-units.log" | head -20
 phase few-rows-variants "${VARIANTS_LIMIT:-240}" python3 benchmarks/few_rows_variants.py \
-  --variants "${FEW_ROWS_VARIANTS:-product,XT,TRANS+XT,TRANS+XT+GT+SUMS_IF,XT+EVICT}" \
-  --tilings "${FEW_ROWS_VARIANT_TILINGS:-64x2x3,64x2x4,128x4x3,32x1x3}"
+  --variants "${FEW_ROWS_VARIANTS:-product,none,TRANS+XT+SUMS_IF,TRANS+XT+EVICT,TRANS+XT+GT+SUMS_IF}" \
+  --tilings "${FEW_ROWS_VARIANT_TILINGS:-128x4x2,128x8x3,128x4x3}"
 grep -v -i warn "$OUT/few-rows-variants.log"
+phase host-profile "${HOST_LIMIT:-90}" python3 benchmarks/host_profile.py silu_linear --backward
+grep -v -i warn "$OUT/host-profile.log" | head -40

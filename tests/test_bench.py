@@ -55,3 +55,17 @@ def test_profile_script_runs_its_small_path():
                            "ones", "--shape", "small", "--device", "cpu"], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "profiled silu_linear adaln 3x128->4608, provider, forward+backward" in done.stdout
+
+
+def test_host_profile_plans_the_candidates_host_code_anywhere():
+    """benchmarks/host_profile.py --plan times the candidate's own host code with no kernel launched; timing the
+    enqueue itself needs a GPU, and asking for it elsewhere says how to get the planned reading instead."""
+    script = ROOT / "benchmarks" / "host_profile.py"
+    small = ["silu_linear", "--backward", "--shape", "small", "--device", "cpu", "--batches", "2", "--steps", "2"]
+    done = subprocess.run([sys.executable, str(script), *small, "--plan", "--top", "3"], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "silu_linear adaln 3x128->4608 forward+backward, h3_triton planned on cpu:" in done.stdout
+    assert "ms of host code a call" in done.stdout and "Ordered by: internal time" in done.stdout
+    refused = subprocess.run([sys.executable, str(script), *small], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "pass --device cuda, or --plan" in refused.stderr
