@@ -465,8 +465,9 @@ _OUTER = Launcher(
 # The whole backward over few rows in one launch (the AdaLN's: W 96,768 x 2,688 read once for dX while dW is
 # written beside it): a tile of BLOCK_K columns per program. In GPU time at the AdaLN's release shape on an H200,
 # with its forward (benchmarks/results/h200-perf/silu-linear/few-rows-variants-2.log, TRANS+XT): 128 x 4 warps x
-# 2 stages 0.408 ms, 128 x 8 x 3 0.417, 128 x 4 x 3 0.425, 64 x 4 x 3 0.436, 256 x 8 x 3 0.464 (the provider
-# 0.404). float32 takes half as wide a tile (its W step and dW tile double in bytes).
+# 2 stages 0.408 ms, 128 x 8 x 3 0.417, 128 x 4 x 3 0.425 (0.424-0.427 in three runs; the same SASS as 2 stages,
+# which declare half its shared memory), 64 x 4 x 3 0.436, 256 x 8 x 3 0.464 (the provider 0.404). float32 takes
+# half as wide a tile (its W step and dW tile double in bytes).
 _FEW_ROWS_BACKWARD = Launcher(
     _few_rows_backward_kernel,
     {2: configs([(128, 4, 2), (128, 8, 3), (128, 4, 3), (64, 4, 3), (256, 8, 3)], ("BLOCK_K",)),
