@@ -150,7 +150,8 @@ def _flags(variant: str) -> dict:
     named = [] if variant in ("product", "none") else variant.split("+")
     unknown = set(named) - set(FLAGS)
     if unknown:
-        raise SystemExit(f"variant {variant!r}: unknown flags {sorted(unknown)}; use 'product', 'none' or '+'-joined {FLAGS}")
+        raise SystemExit(f"variant {variant!r}: unknown flags {sorted(unknown)}; use 'product', 'none' or "
+                         f"'+'-joined {FLAGS}")
     return {flag: flag in named for flag in FLAGS}
 
 

@@ -77,8 +77,8 @@ def main(argv=None) -> None:
         with paths.planning():
             case, step = op_step(parser, args, provider=False)
             median, low, high = host_ms(step, args.device, args.batches, args.steps)
-            print(f"{case.label} {what}, {args.candidate} planned on {args.device}: {median:.4f} ms of host code a call "
-                  f"(batches {low:.4f}-{high:.4f})", flush=True)
+            print(f"{case.label} {what}, {args.candidate} planned on {args.device}: {median:.4f} ms of host code a "
+                  f"call (batches {low:.4f}-{high:.4f})", flush=True)
             if args.top:
                 print_top(step, args.device, args.steps, args.top)
         return
