@@ -31,6 +31,7 @@ import triton.language as tl
 
 from h3_triton import attention_hopper, paths
 from h3_triton.interpret import INTERPRET, device_function, mma, to_dtype
+from h3_triton.launch import cdiv
 from h3_triton.tma import aligned, set_scratch_allocator
 from h3_triton.tuning import Launcher, configs
 
@@ -500,7 +501,7 @@ def _described(*tensors: torch.Tensor) -> bool:
 
 
 def _grid(B: int, H: int, S: int, block: str):
-    return lambda meta: (triton.cdiv(S, meta[block]), B * H)
+    return lambda meta: (cdiv(S, meta[block]), B * H)
 
 
 def _forward_outputs(q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

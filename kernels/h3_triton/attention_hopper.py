@@ -49,6 +49,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 
 from h3_triton import paths
 from h3_triton.interpret import INTERPRET
+from h3_triton.launch import cdiv
 
 HEAD_DIM = 128
 BLOCK_M = 128  # query rows a program: two consumers of 64
@@ -280,7 +281,7 @@ def forward(q, k, v, o, row_max, row_log_sum, qk_scale: float) -> None:
     B, S, H, _ = q.shape
     # 12 warps (the producer's warp group rounded up) at 168 registers leave each consumer 240.
     paths.launch(
-        _forward_kernel, (triton.cdiv(S, BLOCK_M), B * H),
+        _forward_kernel, (cdiv(S, BLOCK_M), B * H),
         q, k, v, o, row_max, row_log_sum,
         *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3], H, S, qk_scale,
         HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N, STAGES=STAGES, num_warps=4, maxnreg=168,
@@ -549,7 +550,7 @@ def padded_row_terms(row_max, row_log_sum, delta) -> tuple[torch.Tensor, torch.T
     and delta, each (B * H, S) padded with zeros to a whole number of query tiles, so every tile's terms are one
     TMA load (whose rows must start on 16 bytes). Padded rows read as zeros, as the Triton kernel's masked loads."""
     BH, S = row_max.shape
-    terms = torch.zeros((2, BH, triton.cdiv(S, BWD_BLOCK_M) * BWD_BLOCK_M), dtype=torch.float32,
+    terms = torch.zeros((2, BH, cdiv(S, BWD_BLOCK_M) * BWD_BLOCK_M), dtype=torch.float32,
                         device=row_max.device)
     torch.add(row_max, row_log_sum, out=terms[0, :, :S])
     terms[1, :, :S] = delta
@@ -574,8 +575,8 @@ def backward(q, k, v, do, row_max, row_log_sum, delta, dq, dk, dv, sm_scale: flo
     B, S, H, D = q.shape
     lse, padded_delta = (terms.view(B, H, -1) for terms in padded_row_terms(row_max, row_log_sum, delta))
     S_PADDED = lse.shape[-1]
-    launches = min(H, triton.cdiv(B * H * S_PADDED * D * 4, sum_bytes))
-    group = triton.cdiv(H, launches)
+    launches = min(H, cdiv(B * H * S_PADDED * D * 4, sum_bytes))
+    group = cdiv(H, launches)
     sums = torch.empty((B * group, S_PADDED, D), dtype=torch.float32, device=q.device)  # reused by every launch
     all_locks = torch.empty((B * group, S_PADDED // BWD_BLOCK_M), dtype=torch.int32, device=q.device)
     for first in range(0, H, group):
@@ -586,7 +587,7 @@ def backward(q, k, v, do, row_max, row_log_sum, delta, dq, dk, dv, sm_scale: flo
         # the kernel reads each (batch, head)'s row terms as one row of a contiguous matrix
         terms = [t[:, heads].reshape(B * count, S_PADDED).contiguous() for t in (lse, padded_delta)]
         paths.launch(
-            _backward_kernel, (triton.cdiv(S, BWD_BLOCK_N), B * count),
+            _backward_kernel, (cdiv(S, BWD_BLOCK_N), B * count),
             *views[:4], *terms, *views[4:], dq_sum, locks, *(stride for t in views[:5] for stride in t.stride()[:3]),
             count, S, S_PADDED, sm_scale, qk_scale,
             HEAD_DIM=HEAD_DIM, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, STAGES=stages, num_warps=4, maxnreg=168,

@@ -12,6 +12,7 @@ import triton.language as tl
 
 from h3_triton import paths
 from h3_triton.interpret import to_dtype
+from h3_triton.launch import cdiv
 from h3_triton.rowreduce import (
     UPCAST, accumulate_rows, as_batch_rows, check_activation, check_row_index, check_table, clear_flags, flush_slot,
     full_row_tiling, new_slots, reduce_slots, split_rows, warps_for,
@@ -64,7 +65,7 @@ def _swiglu_backward_kernel(
 def _swiglu_grid(n_rows: int, half: int) -> tuple[tuple[int, int], dict]:
     block_f = min(triton.next_power_of_2(half), _SWIGLU_COLUMNS)
     block_s = max(1, _SWIGLU_ELEMENTS // block_f)
-    grid = (triton.cdiv(n_rows, block_s), triton.cdiv(half, block_f))
+    grid = (cdiv(n_rows, block_s), cdiv(half, block_f))
     return grid, dict(BLOCK_S=block_s, BLOCK_F=block_f, num_warps=warps_for(block_s * block_f))
 
 
@@ -183,7 +184,7 @@ class _GatedResidual(torch.autograd.Function):
         out = torch.empty(residual.shape, dtype=residual.dtype, device=residual.device)
         n_rows = batch * seq_len
         paths.launch(
-            _gated_forward_kernel, (triton.cdiv(n_rows, tiling.rows),),
+            _gated_forward_kernel, (cdiv(n_rows, tiling.rows),),
             residual, y, gate, idx, out, n_rows, seq_len, width,
             *residual.stride(), *y.stride(), *_gate_args(gate, idx),
             GATED=gate is not None, BLOCK_S=tiling.rows, BLOCK_C=tiling.width, num_warps=tiling.warps,

@@ -50,6 +50,7 @@ import triton.language as tl
 
 from h3_triton import paths
 from h3_triton.interpret import INTERPRET, device_function, mma, to_dtype
+from h3_triton.launch import cdiv, stream_of
 from h3_triton.tma import aligned, program_slots, set_scratch_allocator
 from h3_triton.tuning import Launcher, configs
 
@@ -506,7 +507,10 @@ class _Mat(NamedTuple):
 
 
 def _row_breaks(t: torch.Tensor) -> set[int]:
-    """Leading dimensions of ``t`` after which the rows cannot continue with one stride."""
+    """Leading dimensions of ``t`` after which the rows cannot continue with one stride (none where ``t`` is
+    contiguous and not empty: checked at once, the common case)."""
+    if t.is_contiguous() and t.numel():
+        return set()
     lead = [i for i in range(t.dim() - 1) if t.shape[i] != 1]
     return {a for a, b in zip(lead, lead[1:]) if t.stride(a) != t.stride(b) * t.shape[b]}
 
@@ -557,7 +561,7 @@ def _described_matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, bia
     slots = program_slots(c.t.device)
     set_scratch_allocator()
     _DESCRIBED(
-        lambda meta: (min(slots, triton.cdiv(m.count, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"])),),
+        lambda meta: (min(slots, cdiv(m.count, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"])),),
         a.t, b.t, c.t, c.t if bias is None else bias,
         m.count, n, k.count, s_a, s_b, s_c, 0 if bias is None else bias.stride(0),
         A_T=not a_row_major, B_T=b_row_major, HAS_BIAS=bias is not None, INTERPRETED=INTERPRET, NUM_SMS=slots,
@@ -591,7 +595,7 @@ def _matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, *, bias: torc
             a, b, c, m, n = b.T, a.T, c.T, _Axis.flat(n), m.count
             a_silu, b_silu, sum_a, sum_b = False, a_silu, sum_b, False
         _OUTER(
-            lambda meta: (triton.cdiv(m.count, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]),),
+            lambda meta: (cdiv(m.count, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]),),
             a.t, b.t, c.t, *bias_args, c.t if b_sums is None else b_sums,
             m.count, n, m.inner, k.count, k.inner,
             *a.rows, *a.cols, *b.rows, b.cols[1], *c.rows, c.cols[1],
@@ -600,14 +604,14 @@ def _matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, *, bias: torc
         )
         return
     skinny = m.count <= _SKINNY_ROWS
-    chunks = triton.cdiv(k.count, _K_CHUNK) if skinny and k.inner == k.count and k.count > 2 * _K_CHUNK else 1
+    chunks = cdiv(k.count, _K_CHUNK) if skinny and k.inner == k.count and k.count > 2 * _K_CHUNK else 1
     out, out_strides = c, (0, *c.rows, c.cols[1])
     if chunks > 1:
         partial = torch.empty((chunks, m.count, n), dtype=torch.float32, device=c.t.device)
         out = _Mat(partial, (m.inner * n, n), (0, 1))
         out_strides = (m.count * n, *out.rows, 1)
     (_SKINNY if skinny else _TILED)(
-        lambda meta: (triton.cdiv(m.count, meta["BLOCK_M"]) * triton.cdiv(n, meta["BLOCK_N"]), chunks),
+        lambda meta: (cdiv(m.count, meta["BLOCK_M"]) * cdiv(n, meta["BLOCK_N"]), chunks),
         a.t, b.t, out.t, *bias_args,
         m.count, n, m.inner, k.count // k.inner, k.inner, _K_CHUNK if chunks > 1 else k.inner,
         *a.rows, *a.cols,
@@ -620,7 +624,7 @@ def _matmul(a: _Mat, b: _Mat, c: _Mat, m: _Axis, n: int, k: _Axis, *, bias: torc
     )
     if chunks > 1:
         paths.launch(
-            _chunk_sum_kernel, (triton.cdiv(m.count, _SKINNY_ROWS), triton.cdiv(n, _CHUNK_SUM_N)),
+            _chunk_sum_kernel, (cdiv(m.count, _SKINNY_ROWS), cdiv(n, _CHUNK_SUM_N)),
             partial, c.t, *bias_args, m.count, n, m.inner, chunks, *c.rows, c.cols[1],
             0 if bias is None else bias.stride(0), *z_args, **epilogue, BLOCK_M=_SKINNY_ROWS, BLOCK_N=_CHUNK_SUM_N,
         )
@@ -634,13 +638,10 @@ def _few_rows_backward(dy: _Mat, x: _Mat, dx: _Mat, weight: torch.Tensor, dweigh
     (n, k), r = weight.shape, rows.count
     if not 0 < r <= _SKINNY_ROWS or n == 0 or k == 0:
         return False
-    chunks = triton.cdiv(n, _K_CHUNK) if n > 2 * _K_CHUNK else 1
-    partial = count = dx.t
-    if chunks > 1:
-        partial = torch.empty((chunks, r, k), dtype=torch.float32, device=dx.t.device)
-        count = _tile_counters(k, dx.t.device)
+    chunks = cdiv(n, _K_CHUNK) if n > 2 * _K_CHUNK else 1
+    partial, count = _chunk_scratch(chunks * r * k, cdiv(k, 16), dx.t.device) if chunks > 1 else (dx.t, dx.t)
     _FEW_ROWS_BACKWARD(
-        lambda meta: (triton.cdiv(k, meta["BLOCK_K"]), chunks),
+        lambda meta: (cdiv(k, meta["BLOCK_K"]), chunks),
         dy.t, x.t, weight, dx.t, dweight, dx.t if dbias is None else dbias, partial, count,
         n, k, rows.inner, _K_CHUNK if chunks > 1 else n, chunks,
         *dy.rows, dy.cols[1], *x.rows, x.cols[1], weight.stride(0), weight.stride(1), *dx.rows, dx.cols[1],
@@ -651,10 +652,25 @@ def _few_rows_backward(dy: _Mat, x: _Mat, dx: _Mat, weight: torch.Tensor, dweigh
     return True
 
 
-def _tile_counters(k: int, device: torch.device) -> torch.Tensor:
-    """Zeroed counters of :func:`_few_rows_backward_kernel`, one per column tile of any width from 16; the kernel
-    leaves them zero again, so the autotuner's repeated launches on the same arguments count afresh."""
-    return torch.zeros((triton.cdiv(k, 16),), dtype=torch.int32, device=device)
+_SCRATCH: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def _chunk_scratch(partials: int, counters: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """At least ``partials`` float32 chunk sums and ``counters`` zeroed counters (one per column tile of any width
+    from 16) for :func:`_few_rows_backward_kernel`, kept per device and stream and grown when too small.
+
+    The kernel leaves its counters zero again (so the autotuner's repeated launches count afresh), so they are
+    zeroed when made, not before every launch: a fill kernel and two allocations fewer on the host's way to the
+    launch, which bounds the AdaLN's step. Launches on one stream run in order and never use them at once.
+    """
+    key = (device, stream_of(device.index))
+    partial, count = _SCRATCH.get(key, (None, None))
+    if partial is None or partial.numel() < partials:
+        partial = torch.empty((partials,), dtype=torch.float32, device=device)
+    if count is None or count.numel() < counters:
+        count = torch.zeros((counters,), dtype=torch.int32, device=device)
+    _SCRATCH[key] = partial, count
+    return partial, count
 
 
 def _column_sums(b: _Mat, n: int, k: _Axis, sums: torch.Tensor) -> None:

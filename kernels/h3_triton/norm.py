@@ -22,6 +22,7 @@ import triton.language as tl
 
 from h3_triton import paths
 from h3_triton.interpret import column_sum, to_dtype
+from h3_triton.launch import cdiv
 from h3_triton.rowreduce import (
     UPCAST, accumulate_rows, as_batch_rows, check_activation, check_row_index, check_table, clear_flags, flush_slot,
     full_row_tiling, new_slots, reduce_slots, slot_blocks, split_rows, sum_slots,
@@ -194,7 +195,7 @@ class _RMSNormModulate(torch.autograd.Function):
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         n_rows = batch * seq_len
         paths.launch(
-            _forward_kernel, (triton.cdiv(n_rows, tiling.rows),),
+            _forward_kernel, (cdiv(n_rows, tiling.rows),),
             x, weight, scale, shift, idx, y,
             n_rows, seq_len, width, eps,
             *x.stride(), weight.stride(0), *_table_strides(scale), *_table_strides(shift),
@@ -234,7 +235,7 @@ class _RMSNormModulate(torch.autograd.Function):
         weight_parts, weight_flags = new_slots(table_rows, 1, width, x.device)
         blocks = slot_blocks(programs, width)
         paths.launch(
-            _table_grads_kernel, (triton.cdiv(width, blocks.width), table_rows),
+            _table_grads_kernel, (cdiv(width, blocks.width), table_rows),
             parts, flags, weight, scale, dscale, dshift, weight_parts, weight_flags,
             programs, table_rows, width, weight.stride(0), *scale.stride(),
             BLOCK_G=blocks.rows, BLOCK_C=blocks.width, num_warps=blocks.warps,

@@ -26,6 +26,8 @@ from typing import Iterator
 
 import torch
 
+from h3_triton.launch import launch as _launch
+
 # Constexprs that say which arithmetic this process runs (interpreter or GPU), the same for every launch of a process.
 _PROCESS_WIDE = ("UPCAST", "INTERPRETED")
 
@@ -77,9 +79,10 @@ def skipped(kernel, args, meta: dict, branches: dict | None = None) -> bool:
 
 
 def launch(kernel, grid, *args, branches: dict | None = None, **meta):
-    """``kernel[grid](*args, **meta)``, its path noted while recording, and not run while planning."""
+    """``kernel[grid](*args, **meta)`` (through :func:`h3_triton.launch.launch`), its path noted while recording, and
+    not run while planning."""
     if not skipped(kernel, args, meta, branches):
-        kernel[grid](*args, **meta)
+        _launch(kernel, grid, args, meta)
 
 
 @contextlib.contextmanager

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from h3_triton import paths
 from h3_triton.interpret import column_sum, device_function, to_dtype
+from h3_triton.launch import cdiv
 from h3_triton.rowreduce import (
     UPCAST, check_activation, clear_flags, flush_slot, full_row_tiling, new_slots, reduce_slots, split_rows,
 )
@@ -137,7 +138,7 @@ class _QKNormRope(torch.autograd.Function):
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         rotary, *rope_strides = _rope_args(cos, sin)
         paths.launch(
-            _forward_kernel, (triton.cdiv(n_positions, tiling.rows),),
+            _forward_kernel, (cdiv(n_positions, tiling.rows),),
             x, weight, cos, sin, y,
             n_positions, seq_len, heads, dim, rotary, eps,
             *x.stride(), weight.stride(0), *rope_strides,

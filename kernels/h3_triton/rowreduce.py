@@ -28,6 +28,7 @@ import triton.language as tl
 
 from h3_triton import paths
 from h3_triton.interpret import INTERPRET, column_sum, device_function, to_dtype
+from h3_triton.launch import cdiv
 
 # A whole row is one tile in registers; the widest H3 row that needs it is the hidden size, 5376.
 MAX_WIDTH = 16384
@@ -76,9 +77,9 @@ def split_rows(rows: int, tile_rows: int, device: torch.device) -> tuple[int, in
         target = _INTERPRET_PROGRAMS
     else:
         target = _PROGRAMS_PER_SM * torch.cuda.get_device_properties(device).multi_processor_count
-    tiles = max(1, triton.cdiv(rows, tile_rows))
-    rows_per_program = triton.cdiv(tiles, min(target, tiles)) * tile_rows
-    return triton.cdiv(rows, rows_per_program), rows_per_program
+    tiles = max(1, cdiv(rows, tile_rows))
+    rows_per_program = cdiv(tiles, min(target, tiles)) * tile_rows
+    return cdiv(rows, rows_per_program), rows_per_program
 
 
 def new_slots(programs: int, table_rows: int, width: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -189,7 +190,7 @@ def reduce_slots(parts: torch.Tensor, flags: torch.Tensor, first: int, out: torc
     programs, table_rows, width = parts.shape
     blocks = slot_blocks(programs, width)
     paths.launch(
-        _reduce_slots_kernel, (triton.cdiv(width, blocks.width), out.shape[0]),
+        _reduce_slots_kernel, (cdiv(width, blocks.width), out.shape[0]),
         parts, flags, out, programs, table_rows, width, first,
         BLOCK_G=blocks.rows, BLOCK_C=blocks.width, num_warps=blocks.warps,
     )

@@ -33,6 +33,7 @@ from filelock import FileLock
 
 from h3_triton import paths
 from h3_triton.interpret import INTERPRET
+from h3_triton.launch import launch
 from h3gate.files import write_atomic
 
 
@@ -121,7 +122,8 @@ def _valid(entry) -> bool:
 
 
 class Launcher:
-    """Launches ``kernel[grid](*args, **meta)`` with a tiling from ``tilings``.
+    """Launches ``kernel[grid](*args, **meta)`` (through :func:`h3_triton.launch.launch`) with a tiling from
+    ``tilings``.
 
     ``tilings`` maps the element size of the kernel's argument ``sized_by`` (default: its first; 2: bfloat16, 4:
     float32) to its candidate configs, the preferred first; ``key`` names the arguments the autotuner keys on
@@ -138,6 +140,7 @@ class Launcher:
         self._forced: triton.Config | None = None
         self._sized_by = sized_by or kernel.arg_names[0]
         self._sized_index = kernel.arg_names.index(self._sized_by)
+        self._firsts = {size: rows[0].all_kwargs() for size, rows in tilings.items()}
         self._tuned = None
         self._store: TuningStore | None = None
         if not INTERPRET:
@@ -173,8 +176,10 @@ class Launcher:
             autotuned = {k: "autotuned" if callable(v) else v for k, v in (branches or {}).items()}
             if not paths.skipped(self.kernel, args, {**meta, "tiling": "autotuned"}, autotuned):
                 self._tuned_launch(grid, args, meta)
-        elif not paths.skipped(self.kernel, args, {**meta, **tiling}, branches):
-            self.kernel[grid](*args, **meta, **tiling)
+            return
+        meta.update(tiling)
+        if not paths.skipped(self.kernel, args, meta, branches):
+            launch(self.kernel, grid, args, meta)
 
     def _tiling(self, args) -> dict | None:
         """The launch options of the tiling: the forced one, the interpreter's, the first of the list, or None when
@@ -184,7 +189,7 @@ class Launcher:
         if INTERPRET:
             return self.interpreter
         if not AUTOTUNE:
-            return self._suiting(args[self._sized_index])[0].all_kwargs()
+            return self._firsts[args[self._sized_index].element_size()]
         return None
 
     def _tuned_launch(self, grid, args, meta):

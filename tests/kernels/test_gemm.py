@@ -168,20 +168,13 @@ FEW_ROWS = {  # (fn, input shape and dtype, out_features, bias, pad): both ops, 
 def test_few_rows_backward_is_one_launch_with_the_bits_of_the_products_apart(case, dtype, monkeypatch):
     """The whole backward over at most 16 rows (the AdaLN's) runs in one launch: accurate, with dX bitwise the
     split-K (or skinny) kernel's (weight frozen) and dW, dbias bitwise the outer-product kernel's (input frozen),
-    the same bits under every tiling of its launcher, and its tile counters left zero for a repeated launch."""
+    the same bits under every tiling of its launcher, and its tile counters left zero for the next launch."""
     fn, x_shape, x_dtype, n, has_bias, pad = FEW_ROWS[case]
     fused = CountingLaunches(gemm._FEW_ROWS_BACKWARD.kernel)
     monkeypatch.setattr(gemm._FEW_ROWS_BACKWARD, "kernel", fused)
     apart = [CountingLaunches(k) for k in (gemm._chunk_sum_kernel, gemm._OUTER.kernel)]
     monkeypatch.setattr(gemm, "_chunk_sum_kernel", apart[0])
     monkeypatch.setattr(gemm._OUTER, "kernel", apart[1])
-    counters = []  # one buffer for every launch: each must leave it zero for the next
-
-    def shared_counters(k, device):
-        counters[:] = counters or [torch.zeros(k, dtype=torch.int32, device=device)]
-        return counters[0]
-
-    monkeypatch.setattr(gemm, "_tile_counters", shared_counters)
     x = carved(x_shape, x_dtype or dtype, 1, pad)
     w, dy = carved((n, x_shape[-1]), dtype, 2), carved((*x_shape[:-1], n), dtype, 4)
     inputs = [x, w, carved((n,), dtype, 3) if has_bias else None]
@@ -190,7 +183,8 @@ def test_few_rows_backward_is_one_launch_with_the_bits_of_the_products_apart(cas
     assert fused.launches == 1 and apart[0].launches == apart[1].launches == 0, (fused.launches, apart)
     together = run(fn, inputs, dy)
     assert all(torch.equal(a, b) for a, b in zip(together, run(fn, inputs, dy))), "a repeated launch differs"
-    assert not counters or not counters[0].any(), "tile counters left nonzero"
+    # one buffer of counters for every launch on a stream: each must leave it zero for the next
+    assert not any(count.any() for _, count in gemm._SCRATCH.values()), "tile counters left nonzero"
     assert torch.equal(together[1], run(fn, inputs, dy, frozen=(1,))[1])
     assert all(map(torch.equal, together[2:], run(fn, inputs, dy, frozen=(0,))[1:]))
     for config in gemm._FEW_ROWS_BACKWARD.tilings[dtype.itemsize]:
