@@ -1,7 +1,8 @@
 """What the host spends on the pieces of a short op's call on a GPU: allocations, an autograd Function, a Triton
 launch through ``kernel[grid]`` (Triton's binder, its cache lookup, the driver), through the compiled kernel
-directly (the driver's part alone) and through ``h3_triton.launch.launch`` (which keeps the compiled kernel of each
-call signature), for a kernel of few and of many arguments.
+directly (the driver's part alone) and through ``h3_triton.launch``'s direct launch (which keeps the compiled kernel
+of each call signature; ``H3_TRITON_DIRECT_LAUNCH=1`` turns it on for the package), for a kernel of few and of many
+arguments.
 
 Usage (GPU): python benchmarks/launch_costs.py [--batches 10] [--steps 200]
 
@@ -17,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from h3_triton.launch import launch
+from h3_triton import launch
 
 
 @triton.jit
@@ -84,8 +85,8 @@ def main(argv=None) -> None:
         "triton kernel[grid], 44 arguments": lambda: _many[(4,)](*many, **many_meta),
         "triton kernel[lambda grid], 44 arguments": lambda: _many[lambda meta: (4,)](*many, **many_meta),
         "triton compiled[grid], 44 arguments": lambda: compiled_many[(4, 1, 1)](*many, *many_meta.values()),
-        "h3_triton.launch.launch, 3 arguments": lambda: launch(_few, (4,), (x, 4096), {"BLOCK": 1024}),
-        "h3_triton.launch.launch, 44 arguments": lambda: launch(_many, (4,), many, many_meta),
+        "h3_triton.launch direct, 3 arguments": lambda: launch._direct(_few).launch((4,), (x, 4096), {"BLOCK": 1024}),
+        "h3_triton.launch direct, 44 arguments": lambda: launch._direct(_many).launch((4,), many, many_meta),
     }
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     for name, call in pieces.items():

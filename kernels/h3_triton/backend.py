@@ -19,6 +19,7 @@ from h3gate.candidates.launch_paths import LaunchPaths
 
 from h3_triton import attention, elementwise, gemm, norm, paths, rope
 from h3_triton.interpret import INTERPRET
+from h3_triton.launch import DIRECT
 from h3_triton.tuning import AUTOTUNE
 
 PACKAGE_ROOT = Path(__file__).resolve().parent
@@ -56,6 +57,7 @@ class H3Triton(ProgramCandidate):
             "triton": triton.__version__,
             "interpreter": INTERPRET,
             "tiling": "autotuned" if AUTOTUNE else "first",
+            "launch": "direct" if DIRECT else "triton",
         }
 
     def launch_paths(self) -> LaunchPaths:

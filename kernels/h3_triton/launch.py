@@ -14,15 +14,17 @@ globals it reads and launches it) and keeps the compiled kernel it returns; the 
 to that compiled kernel's launcher on the current stream, as ``kernel[grid]`` does. The same compiled kernel runs
 on the same arguments, so the bits are the same either way.
 
-This applies to plain ``triton.jit`` kernels launched by Triton versions whose launcher interface was checked on a
-GPU (:data:`LAUNCHER_VERSIONS`), while no launch hook is set (profilers such as Proton set one). Every other launch,
-every launch under the interpreter and every Gluon kernel (long kernels, launched as Triton launches them) goes
-through ``kernel[grid]``.
+This applies to plain ``triton.jit`` kernels on a GPU, with ``H3_TRITON_DIRECT_LAUNCH=1`` (read at import; the
+default 0 launches every kernel through ``kernel[grid]`` until the direct launch has been timed and gated on a GPU),
+with Triton versions whose launcher interface it calls (:data:`LAUNCHER_VERSIONS`), while no launch hook is set
+(profilers such as Proton set one). Every other launch, every launch under the interpreter and every Gluon kernel
+(long kernels, launched as Triton launches them) goes through ``kernel[grid]``.
 """
 
 from __future__ import annotations
 
 import operator
+import os
 
 import torch
 import triton
@@ -31,15 +33,32 @@ from triton.runtime.jit import JITFunction
 
 from h3_triton.interpret import INTERPRET
 
-# Triton versions whose CompiledKernel.run(grid_x, grid_y, grid_z, stream, function, packed_metadata,
-# launch_metadata, enter_hook, exit_hook, *every_parameter) was checked on a GPU (tests/kernels/test_launch.py).
+# Triton versions whose CompiledKernel.run takes (grid_x, grid_y, grid_z, stream, function, packed_metadata,
+# launch_metadata, enter_hook, exit_hook, *every_parameter), as their JITFunction.run calls it, and whose
+# specialisation of a tensor is its dtype and 16-byte alignment (read in Triton 3.6's runtime/jit.py,
+# compiler/compiler.py and backends/nvidia/driver.py).
 LAUNCHER_VERSIONS = ("3.6.",)
-DIRECT: bool = not INTERPRET and triton.__version__.startswith(LAUNCHER_VERSIONS)
+
+
+def _direct_setting() -> bool:
+    value = os.environ.get("H3_TRITON_DIRECT_LAUNCH", "0")
+    if value not in ("0", "1"):
+        raise ValueError(f"H3_TRITON_DIRECT_LAUNCH={value!r}: set it to 0 (every launch through Triton's "
+                         "kernel[grid]: the default) or 1 (a call signature launched before, directly)")
+    if value == "1" and (INTERPRET or not triton.__version__.startswith(LAUNCHER_VERSIONS)):
+        runs = "Triton's CPU interpreter" if INTERPRET else f"Triton {triton.__version__}"
+        raise ValueError(f"H3_TRITON_DIRECT_LAUNCH=1 launches compiled kernels of Triton {', '.join(LAUNCHER_VERSIONS)}x "
+                         f"on a GPU; this process runs {runs}: unset it")
+    return value == "1"
+
+
+DIRECT: bool = _direct_setting()
 
 # Signatures kept per kernel; past it the kernel's are forgotten (and found again by their next launch): shapes drawn
 # by the gates' shape search would otherwise grow it without end.
 _KEPT = 1024
 _SCALARS = (int, bool, float, type(None))
+_META = (*_SCALARS, str)
 _UNSEEN = object()
 
 
@@ -56,7 +75,8 @@ def cdiv(a: int, b: int) -> int:
 
 
 def launch(kernel, grid, args: tuple, meta: dict) -> None:
-    """``kernel[grid](*args, **meta)``: the compiled kernel of a call signature launched before, directly."""
+    """``kernel[grid](*args, **meta)``; with ``H3_TRITON_DIRECT_LAUNCH=1`` the compiled kernel of a call signature
+    launched before, directly."""
     if DIRECT and type(kernel) is JITFunction and not (knobs.runtime.launch_enter_hook.calls
                                                        or knobs.runtime.launch_exit_hook.calls):
         _direct(kernel).launch(grid, args, meta)
@@ -103,15 +123,13 @@ class _Direct:
         device = torch.cuda.current_device()
         key = (device, types, scalars(args), tuple([(t.dtype, t.data_ptr() % 16 == 0) for t in tensors(args)]),
                tuple(meta.items()))
-        try:
-            compiled = self.compiled.get(key)
-        except TypeError:  # an unhashable constexpr or option
-            self.kernel[grid](*args, **meta)
-            return
+        compiled = self.compiled.get(key)
         if compiled is None:
-            if len(self.compiled) >= _KEPT:
-                self.compiled.clear()
-            self.compiled[key] = self.kernel[grid](*args, **meta)
+            compiled = self.kernel[grid](*args, **meta)
+            if all(isinstance(value, _META) for value in meta.values()):  # else a key of object identities: not kept
+                if len(self.compiled) >= _KEPT:
+                    self.compiled.clear()
+                self.compiled[key] = compiled
             return
         rest = [meta[name] if name in meta else default for name, default in self.params[len(args):]]
         if callable(grid):  # of every parameter by name, as Triton calls it

@@ -94,14 +94,25 @@ def test_signatures_are_forgotten_past_the_limit(direct, monkeypatch):
     assert len(lean.compiled) == 2
 
 
-@pytest.mark.skipif(not INTERPRET, reason="the interpreter's launches")
-def test_the_interpreter_launches_through_triton():
-    assert not launch.DIRECT
+@pytest.mark.parametrize("value", ["", "2", "yes"])
+def test_a_direct_launch_setting_other_than_0_or_1_is_refused(monkeypatch, value):
+    monkeypatch.setenv("H3_TRITON_DIRECT_LAUNCH", value)
+    with pytest.raises(ValueError, match="set it to 0 .* or 1"):
+        launch._direct_setting()
 
 
-@pytest.mark.skipif(INTERPRET, reason="a GPU's launches")
-def test_on_a_gpu_the_checked_triton_versions_launch_directly():
-    assert launch.DIRECT == triton.__version__.startswith(launch.LAUNCHER_VERSIONS)
+@pytest.mark.parametrize("runs", ["interpreter", "another triton"])
+def test_direct_launches_are_refused_where_they_cannot_run(monkeypatch, runs):
+    monkeypatch.setenv("H3_TRITON_DIRECT_LAUNCH", "1")
+    monkeypatch.setattr(launch, "INTERPRET", runs == "interpreter")
+    monkeypatch.setattr(triton, "__version__", "3.6.0" if runs == "interpreter" else "3.9.0")
+    with pytest.raises(ValueError, match=f"this process runs {'Triton.s CPU interpreter' if runs == 'interpreter' else 'Triton 3.9.0'}: unset it"):
+        launch._direct_setting()
+
+
+def test_launches_go_through_triton_by_default(monkeypatch):
+    monkeypatch.delenv("H3_TRITON_DIRECT_LAUNCH", raising=False)
+    assert not launch._direct_setting()
 
 
 @triton.jit
@@ -110,9 +121,11 @@ def _copy_kernel(x_ptr, y_ptr, n, SCALE: tl.constexpr, BLOCK: tl.constexpr = 128
     tl.store(y_ptr + offsets, tl.load(x_ptr + offsets, mask=offsets < n) * SCALE, mask=offsets < n)
 
 
-def test_a_kernel_launched_again_computes_what_triton_launched():
-    """On a GPU of a checked Triton version the second launch of each signature is direct: an aligned and a
-    misaligned input, two scales, a default constexpr; each matches torch."""
+def test_a_kernel_launched_again_computes_what_triton_launched(monkeypatch):
+    """On a GPU with a Triton of :data:`LAUNCHER_VERSIONS` the second launch of each signature is direct (under the
+    interpreter each goes through Triton): an aligned and a misaligned input, two scales, a default constexpr, a
+    grid of the parameters by name; each matches torch."""
+    monkeypatch.setattr(launch, "DIRECT", not INTERPRET and triton.__version__.startswith(launch.LAUNCHER_VERSIONS))
     device = "cpu" if INTERPRET else "cuda"
     buffer = torch.randn(1001, device=device)
     for x, scale in [(buffer[:1000], 2), (buffer[1:], 2), (buffer[:1000], 3), (buffer[1:], 3)] * 2:

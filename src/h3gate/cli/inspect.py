@@ -113,7 +113,7 @@ def add_commands(commands) -> None:
         description="Without --candidate: the model's identity digest (for verify --expect-model). With --candidate: "
         "the candidate's identity digest and the h3gate that computed it; --lock FILE writes them as the candidate "
         "lock verify --expect-candidate-lock checks. Run it where the gates run: the identity holds the triton "
-        "version, TRITON_INTERPRET and H3_TRITON_AUTOTUNE.",
+        "version, TRITON_INTERPRET, H3_TRITON_AUTOTUNE and H3_TRITON_DIRECT_LAUNCH.",
     )
     identity.add_argument("--model", default="tiny", help="tiny, edge, small or a checkpoint folder (default: tiny)")
     identity.add_argument("--seed", type=int, default=0, help="weight seed of an embedded model (default: 0)")
