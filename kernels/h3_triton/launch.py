@@ -14,7 +14,7 @@ globals it reads and launches it) and keeps the compiled kernel it returns; the 
 to that compiled kernel's launcher on the current stream, as ``kernel[grid]`` does. The same compiled kernel runs
 on the same arguments, so the bits are the same either way.
 
-This applies to plain ``triton.jit`` kernels on a GPU, with ``H3_TRITON_DIRECT_LAUNCH=1`` (read at import; the
+This applies to plain ``triton.jit`` kernels on an NVIDIA GPU, with ``H3_TRITON_DIRECT_LAUNCH=1`` (read at import; the
 default 0 launches every kernel through ``kernel[grid]`` until the direct launch has been timed and gated on a GPU),
 with Triton versions whose launcher interface it calls (:data:`LAUNCHER_VERSIONS`), while no launch hook is set
 (profilers such as Proton set one). Every other launch, every launch under the interpreter and every Gluon kernel
@@ -34,9 +34,10 @@ from triton.runtime.jit import JITFunction
 from h3_triton.interpret import INTERPRET
 
 # Triton versions whose CompiledKernel.run takes (grid_x, grid_y, grid_z, stream, function, packed_metadata,
-# launch_metadata, enter_hook, exit_hook, *every_parameter), as their JITFunction.run calls it, and whose
-# specialisation of a tensor is its dtype and 16-byte alignment (read in Triton 3.6's runtime/jit.py,
-# compiler/compiler.py and backends/nvidia/driver.py).
+# launch_metadata, enter_hook, exit_hook, *every_parameter), as their JITFunction.run calls it (read in Triton 3.6's
+# runtime/jit.py, compiler/compiler.py and backends/nvidia/driver.py), and whose NVIDIA backend specialises a tensor
+# on its dtype and 16-byte alignment alone (asked of it by tests/kernels/test_launch.py; AMD's backend specialises
+# on more, so ROCm is refused).
 LAUNCHER_VERSIONS = ("3.6.",)
 
 
@@ -45,10 +46,11 @@ def _direct_setting() -> bool:
     if value not in ("0", "1"):
         raise ValueError(f"H3_TRITON_DIRECT_LAUNCH={value!r}: set it to 0 (every launch through Triton's "
                          "kernel[grid]: the default) or 1 (a call signature launched before, directly)")
-    if value == "1" and (INTERPRET or not triton.__version__.startswith(LAUNCHER_VERSIONS)):
-        runs = "Triton's CPU interpreter" if INTERPRET else f"Triton {triton.__version__}"
+    if value == "1" and (INTERPRET or torch.version.hip or not triton.__version__.startswith(LAUNCHER_VERSIONS)):
+        runs = ("Triton's CPU interpreter" if INTERPRET else "a ROCm build of torch" if torch.version.hip
+                else f"Triton {triton.__version__}")
         raise ValueError(f"H3_TRITON_DIRECT_LAUNCH=1 launches compiled kernels of Triton {', '.join(LAUNCHER_VERSIONS)}x "
-                         f"on a GPU; this process runs {runs}: unset it")
+                         f"on an NVIDIA GPU; this process runs {runs}: unset it")
     return value == "1"
 
 

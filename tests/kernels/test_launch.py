@@ -2,6 +2,10 @@
 kernel on (a scalar's value or type, a tensor's dtype or 16-byte alignment, a constexpr, an option, the device)
 makes a new signature that goes through ``kernel[grid]`` again."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 import triton
@@ -11,6 +15,7 @@ from hypothesis import strategies as st
 
 from h3_triton import launch
 from h3_triton.interpret import INTERPRET
+from sm90 import H200_TRITON_VERSION, h200_triton_path
 
 
 class _Compiled:
@@ -101,12 +106,17 @@ def test_a_direct_launch_setting_other_than_0_or_1_is_refused(monkeypatch, value
         launch._direct_setting()
 
 
-@pytest.mark.parametrize("runs", ["interpreter", "another triton"])
-def test_direct_launches_are_refused_where_they_cannot_run(monkeypatch, runs):
+@pytest.mark.parametrize("runs, interpreter, hip, version", [
+    ("Triton's CPU interpreter", True, None, "3.6.0"),
+    ("a ROCm build of torch", False, "6.4", "3.6.0"),
+    ("Triton 3.9.0", False, None, "3.9.0"),
+])
+def test_direct_launches_are_refused_where_they_cannot_run(monkeypatch, runs, interpreter, hip, version):
     monkeypatch.setenv("H3_TRITON_DIRECT_LAUNCH", "1")
-    monkeypatch.setattr(launch, "INTERPRET", runs == "interpreter")
-    monkeypatch.setattr(triton, "__version__", "3.6.0" if runs == "interpreter" else "3.9.0")
-    with pytest.raises(ValueError, match=f"this process runs {'Triton.s CPU interpreter' if runs == 'interpreter' else 'Triton 3.9.0'}: unset it"):
+    monkeypatch.setattr(launch, "INTERPRET", interpreter)
+    monkeypatch.setattr(torch.version, "hip", hip)
+    monkeypatch.setattr(triton, "__version__", version)
+    with pytest.raises(ValueError, match=f"this process runs {runs}: unset it"):
         launch._direct_setting()
 
 
@@ -138,3 +148,32 @@ def test_a_kernel_launched_again_computes_what_triton_launched(monkeypatch):
 @given(st.integers(-10**12, 10**12), st.integers(1, 10**6))
 def test_cdiv_is_tritons(a, b):
     assert launch.cdiv(a, b) == (a + b - 1) // b
+
+
+_SPECIALISATIONS = """
+import torch, triton
+from triton._C.libtriton import native_specialize_impl
+from triton.backends.nvidia.compiler import CUDABackend
+assert CUDABackend.supports_native_tensor_specialization  # no backend-specific tensor specialisation
+buffer = torch.zeros(1 << 16, dtype=torch.uint8)
+seen = {}
+for dtype in (torch.bfloat16, torch.float32, torch.int32):
+    flat = buffer.view(dtype)
+    for t in (flat[:100], flat[8:4008].view(-1, 8), flat[:4096].view(64, 64).t(), flat[1:], flat[3:50:7], flat[:0]):
+        key = (t.dtype, t.data_ptr() % 16 == 0)
+        spec = native_specialize_impl(CUDABackend, t, False, True, True)
+        assert seen.setdefault(key, spec) == spec, (key, spec, seen[key])
+assert len(seen) == len(set(seen.values())) == 6, seen
+print(triton.__version__)
+"""
+
+
+def test_tritons_with_direct_launches_specialise_a_tensor_on_its_dtype_and_alignment_alone():
+    """The call signature's premise, asked of the H200's Triton itself: tensors of one dtype and alignment, whatever
+    their shape, strides, offset or size, get one specialisation; each dtype and alignment its own."""
+    assert launch.LAUNCHER_VERSIONS == (H200_TRITON_VERSION.rpartition(".")[0] + ".",)
+    env = h200_triton_path(dict(os.environ, TRITON_INTERPRET="0"))
+    done = subprocess.run([sys.executable, "-c", _SPECIALISATIONS], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip() == H200_TRITON_VERSION
