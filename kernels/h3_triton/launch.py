@@ -104,7 +104,7 @@ class _Direct:
         self.compiled: dict[tuple, object] = {}
         self.pickers: dict[tuple, tuple | None] = {}  # argument types -> (tensors, scalars), None: not kept
         self.params = [(param.name, param.default) for param in kernel.params]
-        self.names = [name for name, _ in self.params]
+        self.positions = {name: i for i, (name, _) in enumerate(self.params)}
 
     def _pickers(self, types: tuple) -> tuple | None:
         tensors = [i for i, kind in enumerate(types) if issubclass(kind, torch.Tensor)]
@@ -134,12 +134,25 @@ class _Direct:
                 self.compiled[key] = compiled
             return
         rest = [meta[name] if name in meta else default for name, default in self.params[len(args):]]
-        if callable(grid):  # of every parameter by name, as Triton calls it
-            grid = grid(dict(zip(self.names, (*args, *rest))))
+        if callable(grid):  # of the parameters by name, as Triton calls it
+            grid = grid(_Named(meta, self.positions, args, rest))
         size = len(grid)
         compiled.run(grid[0], grid[1] if size > 1 else 1, grid[2] if size > 2 else 1,
                      stream_of(device), compiled.function, compiled.packed_metadata,
                      None, None, None, *args, *rest)
+
+
+class _Named(dict):
+    """The launch's parameters by name, for a grid function: the constexprs and options given, the other parameters
+    looked up when asked for (building the whole dict would cost a few microseconds a launch)."""
+
+    def __init__(self, meta: dict, positions: dict, args: tuple, rest: list):
+        super().__init__(meta)
+        self.positions, self.args, self.rest = positions, args, rest
+
+    def __missing__(self, name: str):
+        index = self.positions[name]
+        return self.args[index] if index < len(self.args) else self.rest[index - len(self.args)]
 
 
 _DIRECTS: dict[JITFunction, _Direct] = {}
