@@ -526,6 +526,22 @@ def test_sessions_into_one_folder_join_as_one_session_of_every_item(run, key):
     assert verify(path, [key.public_key()], run.thresholds).result == "PASSED"
 
 
+def test_an_item_run_again_joins_with_the_artifact_its_session_wrote(run, key):
+    """A rerun on another machine or CPU kind writes other bytes into its item's artifact (an error table of other
+    numerics): the earlier evidence no longer digests that file, but the joined evidence holds the session's digest
+    of it, and the earlier files the session left alone are still checked."""
+    add_session(run.root, session(run, list(ITEMS)), key, run.thresholds)
+    rerun, kept = HALVES[0][0], HALVES[1][0]
+    run.artifacts[rerun].write_bytes(b"another CPU's numbers")
+    path, joined = add_session(run.root, session(run, [rerun]), key, run.thresholds)
+    assert verify(path, [key.public_key()], run.thresholds).result == "PASSED"
+    good = path.read_bytes()
+    run.artifacts[kept].write_bytes(b"edited since")
+    with pytest.raises(EvidenceError, match="no longer matches its files"):
+        add_session(run.root, session(run, [rerun]), key, run.thresholds)
+    assert path.read_bytes() == good
+
+
 def test_a_session_without_a_verdict_on_an_item_keeps_the_earlier_verdict(tmp_path, key):
     model = "tests/gates/test_model.py::test_model"
     good = make_run(tmp_path)

@@ -30,7 +30,8 @@ def accumulate(previous: Path, statement: dict, sign_key: PrivateKey | None, thr
     carry over (:data:`SESSION_WIDE`); subjects, environments and configuration joined. Both
     must qualify the same model and candidate against the same bounds and contracts, judged by the same h3gate, and be
     signed by the same key (or both unsigned: a key must not vouch for what nobody signed); the earlier bounds and
-    contracts must still be those of the ``thresholds`` lock; the session's profile is the joined one's. Anything else
+    contracts must still be those of the ``thresholds`` lock, and the earlier files the session did not write again
+    must still have the digests the earlier evidence records; the session's profile is the joined one's. Anything else
     is an :class:`EvidenceError` naming the difference, and nothing is written: ``previous`` stays as it was."""
     envelope = open_envelope(previous)
     if sign_key is not None:
@@ -40,8 +41,11 @@ def accumulate(previous: Path, statement: dict, sign_key: PrivateKey | None, thr
                             "session has no key: its evidence could not join without losing that signature")
     earlier = statement_of(envelope)
     root = envelope.path.parent
+    # the files the session wrote again (an item's artifact rerun on another CPU holds other numbers) are the
+    # session's, digested as it wrote them; the earlier ones it left alone must be as the earlier evidence says
+    rewritten = {entry["name"] for entry in statement["subject"]}
     try:
-        check_subjects(earlier, root)
+        check_subjects({"subject": [entry for entry in earlier["subject"] if entry["name"] not in rewritten]}, root)
     except EvidenceError as error:
         raise EvidenceError("conflict", f"the evidence in {root} no longer matches its files ({error.reason})") from None
     check_locked(earlier, read_lock(thresholds), thresholds)  # the session start verified the files against it
