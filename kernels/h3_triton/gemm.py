@@ -663,7 +663,7 @@ def _chunk_scratch(partials: int, counters: int, device: torch.device) -> tuple[
     zeroed when made, not before every launch: a fill kernel and two allocations fewer on the host's way to the
     launch, which bounds the AdaLN's step. Launches on one stream run in order and never use them at once.
     """
-    key = (device, stream_of(device.index))
+    key = (device, stream_of(device.index) if device.type == "cuda" else 0)
     partial, count = _SCRATCH.get(key, (None, None))
     if partial is None or partial.numel() < partials:
         partial = torch.empty((partials,), dtype=torch.float32, device=device)

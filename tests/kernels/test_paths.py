@@ -1,7 +1,10 @@
 """Every launch of h3_triton says its path (kernel, tiling, specialisation), and planning a call gives the paths the
 same call launches when it runs, without running a kernel."""
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +112,26 @@ def test_h3gate_paths_lists_every_release_path_on_cpu_with_the_example_reaching_
            "keys=full+partial]: reached by attention[rows=300,heads=3,head_dim=128,batch=2,peak=2.0, bfloat16]" in out
     assert "- attention_hopper._backward_kernel[dtypes=bfloat16 HEAD_DIM=128]: left out: Gluon kernels" in out
     assert main(["paths", "--model", "release", "--candidate", "provider"]) == 2  # it declares no launch paths
+
+
+_PLAN_WITHOUT_INTERPRETER = """
+import torch
+from h3_triton import gemm, paths
+temb = torch.empty(3, 64, requires_grad=True)
+weight = torch.empty(9000, 64, dtype=torch.bfloat16, requires_grad=True)  # over two chunks of rows: the chunk sums
+bias = torch.empty(9000, dtype=torch.bfloat16, requires_grad=True)
+with paths.planning() as launched:
+    gemm.silu_linear(temb, weight, bias).backward(torch.empty(3, 9000, dtype=torch.bfloat16))
+print(*launched, sep="\\n")
+"""
+
+
+def test_planning_on_a_cpu_without_the_interpreter():
+    """``benchmarks/host_profile.py --plan --device cpu`` plans on any machine: no host code on the way asks for a
+    GPU's stream (the few-rows backward keeps its chunk sums per device and stream)."""
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    done = subprocess.run([sys.executable, "-c", _PLAN_WITHOUT_INTERPRETER], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    backward = done.stdout.splitlines()[-1]
+    assert backward.startswith("gemm._few_rows_backward_kernel[") and "split_k=True" in backward, done.stdout
