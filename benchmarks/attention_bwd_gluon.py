@@ -1,15 +1,25 @@
 """The attention backward at release shape: h3_triton's Gluon kernel against its Triton kernels.
 
-Usage (GPU): python benchmarks/attention_bwd_gluon.py [--stages 2]
+Usage (GPU): python benchmarks/attention_bwd_gluon.py [--stages 2] [--unordered]
 
 :func:`h3_triton.attention_hopper.backward` forms dK, dV and dQ in one pass over each key block (five products)
 and adds dQ's terms in the order of the key blocks; the Triton kernels (:func:`h3_triton.attention.triton_backward`)
 take seven products in two kernels. The script checks each stage count's gradients (dK and dV bitwise the Triton
 kernel's, dQ in bfloat16 ulps from the Triton kernel's) and that two runs agree bit for bit, then times them, with
 the provider's whole backward (default SDPA backends) for scale.
+
+``--unordered`` also times the kernel with the dQ writers' wait for their turn taken out (each key block's terms
+added as they come, so dQ is no longer repeatable): what adding in the key blocks' order costs, the time a
+scheduler of the ordered adds (such as DASH's shift scheduler for FlashAttention-3's deterministic backward) could
+win back at most. The variant is the module's own source less that one line, loaded as a module of its own (Gluon
+compiles a kernel from its source file); the shipped kernel is not touched.
 """
 
 import argparse
+import importlib.util
+import itertools
+import tempfile
+from pathlib import Path
 
 import torch
 
@@ -31,10 +41,29 @@ def backward_inputs():
     return case.label, (q, k, v, do, row_max, row_log_sum, attention.row_delta(o, do))
 
 
+_TURN_WAIT = "        _acquire(locks + i, pid_n)\n"
+
+
+def unordered_hopper():
+    """:mod:`h3_triton.attention_hopper` with its dQ writers' wait for their turn taken out."""
+    source = Path(attention_hopper.__file__).read_text()
+    if source.count(_TURN_WAIT) != 1:
+        raise SystemExit(f"--unordered: the line {_TURN_WAIT.strip()!r} is not once in {attention_hopper.__file__}; "
+                         "update _TURN_WAIT to the dQ writer's wait for its turn")
+    path = Path(tempfile.mkdtemp()) / "attention_hopper_unordered.py"
+    path.write_text(source.replace(_TURN_WAIT, ""))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", help="comma-separated stage counts of the Gluon kernel's ring (default: "
                         "h3_triton's)")
+    parser.add_argument("--unordered", action="store_true", help="also time the kernel adding dQ's terms in no set "
+                        "order (not repeatable): the cost of the ordered adds")
     args = parser.parse_args()
     label, saved = backward_inputs()
     q = saved[0]
@@ -48,19 +77,21 @@ def main():
     attention.triton_backward(*saved, *want)
     set_scratch_allocator()
     runs = {"triton": lambda: attention.triton_backward(*saved, *grads())}
-    for stages in (int(s) for s in (args.stages or str(attention_hopper.BWD_STAGES)).split(",")):
+    kernels = {"gluon": attention_hopper} | ({"unordered": unordered_hopper()} if args.unordered else {})
+    for (kind, hopper), stages in itertools.product(
+            kernels.items(), (int(s) for s in (args.stages or str(attention_hopper.BWD_STAGES)).split(","))):
         got, again = grads(), grads()
-        attention_hopper.backward(*saved, *got, *scales, stages=stages)
-        attention_hopper.backward(*saved, *again, *scales, stages=stages)
+        hopper.backward(*saved, *got, *scales, stages=stages)
+        hopper.backward(*saved, *again, *scales, stages=stages)
         differences = ", ".join(f"{name} {(g.float() - w.float()).abs().max().item():.2e}"
                                 for name, g, w in zip(("dq", "dk", "dv"), got, want))
         ulps = ulp_distance(got[0], want[0])
-        print(f"{label} backward gluon, {stages} stages: max differences from the Triton kernels': {differences}; "
+        print(f"{label} backward {kind}, {stages} stages: max differences from the Triton kernels': {differences}; "
               f"dk, dv bitwise equal: {torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])}; dq bfloat16 "
               f"ulps: max {int(ulps.max())}, {(ulps == 0).double().mean().item():.4f} equal; repeatable: "
               f"{all(map(torch.equal, got, again))}", flush=True)
-        runs[f"gluon-{stages}"] = lambda stages=stages: attention_hopper.backward(*saved, *grads(), *scales,
-                                                                                  stages=stages)
+        runs[f"{kind}-{stages}"] = lambda hopper=hopper, stages=stages: hopper.backward(*saved, *grads(), *scales,
+                                                                                      stages=stages)
     leaves = [t.detach().transpose(1, 2).requires_grad_() for t in saved[:3]]
     out = torch.nn.functional.scaled_dot_product_attention(*leaves)
     runs["sdpa-backward"] = lambda: torch.autograd.grad(out, leaves, saved[3].transpose(1, 2), retain_graph=True)

@@ -9,6 +9,7 @@ slowdown that no result shows), that they fit an SM's shared memory, and that th
 the check is seen to flag a real case.
 """
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -64,3 +65,20 @@ def test_a_schedule_that_ptxas_serialises_is_flagged(kernels):
     in two groups."""
     assert serialised(kernels["attention_fwd_gluon.py --schedule lag-pv"]["loops"])
     assert not serialised(kernels["attention_fwd_gluon.py --schedule lockstep"]["loops"])
+
+
+def test_the_unordered_backward_of_the_benchmark_is_the_shipped_one_less_its_turn_wait():
+    """``attention_bwd_gluon.py --unordered`` times what the ordered dQ adds cost: its kernel must be the shipped one
+    with the dQ writers' wait for their turn taken out, and nothing else."""
+    import inspect
+
+    from h3_triton import attention_hopper
+
+    spec = importlib.util.spec_from_file_location("attention_bwd_gluon", ROOT / "benchmarks" / "attention_bwd_gluon.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    variant = bench.unordered_hopper()
+    shipped = inspect.getsource(attention_hopper._dq_writer.fn)
+    assert "_acquire(" in shipped and "_acquire(" not in inspect.getsource(variant._dq_writer.fn)
+    assert inspect.getsource(variant).replace(bench._TURN_WAIT, "") == \
+        inspect.getsource(attention_hopper).replace(bench._TURN_WAIT, "")
