@@ -1,6 +1,6 @@
 """The attention backward at release shape: h3_triton's Gluon kernel against its Triton kernels.
 
-Usage (GPU): python benchmarks/attention_bwd_gluon.py [--stages 2] [--unordered]
+Usage (GPU): python benchmarks/attention_bwd_gluon.py [--stages 2] [--unordered] [--lockstep]
 
 :func:`h3_triton.attention_hopper.backward` forms dK, dV and dQ in one pass over each key block (five products)
 and adds dQ's terms in the order of the key blocks; the Triton kernels (:func:`h3_triton.attention.triton_backward`)
@@ -13,9 +13,14 @@ added as they come, so dQ is no longer repeatable): what adding in the key block
 scheduler of the ordered adds (such as DASH's shift scheduler for FlashAttention-3's deterministic backward) could
 win back at most. The variant is the module's own source less that one line, loaded as a module of its own (Gluon
 compiles a kernel from its source file); the shipped kernel is not touched.
+
+``--lockstep`` also checks and times ``attention_bwd_lockstep.py``'s kernel (both consumer warp groups in one
+partition, which spills nothing where h3_triton's worker partition does), whose gradients should be bitwise the
+shipped kernel's.
 """
 
 import argparse
+import functools
 import importlib.util
 import itertools
 import tempfile
@@ -23,6 +28,7 @@ from pathlib import Path
 
 import torch
 
+import attention_bwd_lockstep
 from h3_triton import attention, attention_hopper
 from h3_triton.tma import set_scratch_allocator
 from h3gate.bench import RELEASE, cases, median_ms
@@ -64,6 +70,8 @@ def main():
                         "h3_triton's)")
     parser.add_argument("--unordered", action="store_true", help="also time the kernel adding dQ's terms in no set "
                         "order (not repeatable): the cost of the ordered adds")
+    parser.add_argument("--lockstep", action="store_true", help="also check and time the kernel with both consumer "
+                        "warp groups in one partition (attention_bwd_lockstep.py)")
     args = parser.parse_args()
     label, saved = backward_inputs()
     q = saved[0]
@@ -77,21 +85,30 @@ def main():
     attention.triton_backward(*saved, *want)
     set_scratch_allocator()
     runs = {"triton": lambda: attention.triton_backward(*saved, *grads())}
-    kernels = {"gluon": attention_hopper} | ({"unordered": unordered_hopper()} if args.unordered else {})
-    for (kind, hopper), stages in itertools.product(
+    shipped = grads()
+    attention_hopper.backward(*saved, *shipped, *scales)
+    kernels = {"gluon": attention_hopper.backward}
+    if args.unordered:
+        kernels["unordered"] = unordered_hopper().backward
+    if args.lockstep:
+        kernels["lockstep"] = functools.partial(attention_hopper.backward,
+                                                kernel=attention_bwd_lockstep._lockstep_backward_kernel,
+                                                warps=attention_bwd_lockstep.WARPS)
+    for (kind, backward), stages in itertools.product(
             kernels.items(), (int(s) for s in (args.stages or str(attention_hopper.BWD_STAGES)).split(","))):
         got, again = grads(), grads()
-        hopper.backward(*saved, *got, *scales, stages=stages)
-        hopper.backward(*saved, *again, *scales, stages=stages)
+        backward(*saved, *got, *scales, stages=stages)
+        backward(*saved, *again, *scales, stages=stages)
         differences = ", ".join(f"{name} {(g.float() - w.float()).abs().max().item():.2e}"
                                 for name, g, w in zip(("dq", "dk", "dv"), got, want))
         ulps = ulp_distance(got[0], want[0])
         print(f"{label} backward {kind}, {stages} stages: max differences from the Triton kernels': {differences}; "
               f"dk, dv bitwise equal: {torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])}; dq bfloat16 "
               f"ulps: max {int(ulps.max())}, {(ulps == 0).double().mean().item():.4f} equal; repeatable: "
-              f"{all(map(torch.equal, got, again))}", flush=True)
-        runs[f"{kind}-{stages}"] = lambda hopper=hopper, stages=stages: hopper.backward(*saved, *grads(), *scales,
-                                                                                      stages=stages)
+              f"{all(map(torch.equal, got, again))}; bitwise the shipped Gluon kernel's: "
+              f"{all(map(torch.equal, got, shipped))}", flush=True)
+        runs[f"{kind}-{stages}"] = lambda backward=backward, stages=stages: backward(*saved, *grads(), *scales,
+                                                                                   stages=stages)
     leaves = [t.detach().transpose(1, 2).requires_grad_() for t in saved[:3]]
     out = torch.nn.functional.scaled_dot_product_attention(*leaves)
     runs["sdpa-backward"] = lambda: torch.autograd.grad(out, leaves, saved[3].transpose(1, 2), retain_graph=True)

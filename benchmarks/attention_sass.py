@@ -1,11 +1,11 @@
 """The Gluon attention kernels compiled for an H200 and read without one: h3_triton's Hopper forward and backward
-(:mod:`h3_triton.attention_hopper`) and the two single-partition forward schedules of ``attention_fwd_gluon.py``,
-each at the release shape's specialisation (38,222 tokens x 56 heads x 128, every stride a multiple of 16).
+(:mod:`h3_triton.attention_hopper`), the backward of ``attention_bwd_lockstep.py`` and the two single-partition
+forward schedules of ``attention_fwd_gluon.py``, each at the release shape's specialisation (38,222 tokens x 56 heads x 128, every stride a multiple of 16).
 
 Usage: PYTHONPATH=.venv/triton-3.6:benchmarks .venv/bin/python benchmarks/attention_sass.py [--json]
            (any machine: the Triton the H200 runs, which ``make setup`` installs in ``.venv/triton-3.6``, ships
            ptxas and nvdisasm; see :mod:`sm90_sass`). ``--json``: one object a kernel (its shared memory, spills, and
-           each loop's products, groups and waits), for ``tests/kernels/test_hopper_sass.py``
+           each loop's products, groups, waits and local loads and stores), for ``tests/kernels/test_hopper_sass.py``
 
 For each kernel: registers (and the counts its warp-specialised partitions set), shared memory, the bytes ptxas
 spills, and every loop that issues products or touches local memory: its instructions, ``HGMMA`` instructions and
@@ -33,10 +33,12 @@ def _forward_args(prefixes: str) -> dict[str, int]:
 
 def _kernels():
     """(name, kernel, argument types, constexprs, aligned arguments, options) of every kernel reported: h3_triton's
-    Hopper forward and backward, and the ``lockstep`` and ``lag-pv`` schedules of ``attention_fwd_gluon.py`` (one
-    partition of 8 warps, 3 stages)."""
+    Hopper forward and backward, the backward of ``attention_bwd_lockstep.py`` (both consumers in one partition),
+    and the ``lockstep`` and ``lag-pv`` schedules of ``attention_fwd_gluon.py`` (one partition of 8 warps, 3
+    stages)."""
     from h3_triton import attention_hopper as hopper
 
+    import attention_bwd_lockstep
     import attention_fwd_gluon
 
     forward = {name: "*bf16" for name in ("Q", "K", "V", "O")} | {"ROW_MAX": "*fp32", "ROW_LOG_SUM": "*fp32"}
@@ -51,10 +53,13 @@ def _kernels():
     strides = _forward_args("q k v do g")
     backward_types = (backward | {name: "i32" for name in (*strides, "H", "S", "S_PADDED")}
                       | {"sm_scale": "fp32", "qk_scale": "fp32"})
-    yield ("attention_hopper._backward_kernel", hopper._backward_kernel,
-           backward_types, dict(HEAD_DIM=D, BLOCK_M=hopper.BWD_BLOCK_M, BLOCK_N=hopper.BWD_BLOCK_N,
-                                STAGES=hopper.BWD_STAGES),
+    backward_consts = dict(HEAD_DIM=D, BLOCK_M=hopper.BWD_BLOCK_M, BLOCK_N=hopper.BWD_BLOCK_N,
+                           STAGES=hopper.BWD_STAGES)
+    yield ("attention_hopper._backward_kernel", hopper._backward_kernel, backward_types, backward_consts,
            (*backward, *strides, "S_PADDED"), dict(num_warps=4, maxnreg=168))
+    yield ("attention_bwd_lockstep.py", attention_bwd_lockstep._lockstep_backward_kernel, backward_types,
+           backward_consts, (*backward, *strides, "S_PADDED"),
+           dict(num_warps=attention_bwd_lockstep.WARPS, maxnreg=168))
 
     single = {name: "i32" for name in ("stride_b", "stride_s", "stride_h", "H", "S")} | {"qk_scale": "fp32"}
     for schedule, lag in (("lockstep", False), ("lag-pv", True)):
@@ -77,7 +82,8 @@ def main() -> None:
         if args.json:
             print(json.dumps({"kernel": name, "triton": triton.__version__, "shared": read.shared,
                               "spill_stores": read.spill_stores, "spill_loads": read.spill_loads,
-                              "loops": [loop.products for loop in found]}))
+                              "loops": [loop.products for loop in found],
+                              "loop_locals": [loop.count("LDL", "STL") for loop in found]}))
             continue
         print(f"\n{name}\n  {read.summary()}")
         for loop in found:

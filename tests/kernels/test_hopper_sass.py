@@ -40,14 +40,17 @@ def serialised(loops: list[list[int]]) -> bool:
     return any(hgmma and waits >= groups for hgmma, groups, waits in loops)
 
 
-@pytest.mark.parametrize("kernel", ["attention_hopper._forward_kernel", "attention_hopper._backward_kernel"])
+HOPPER_KERNELS = ["attention_hopper._forward_kernel", "attention_hopper._backward_kernel", "attention_bwd_lockstep.py"]
+
+
+@pytest.mark.parametrize("kernel", HOPPER_KERNELS)
 def test_the_hopper_kernels_keep_their_products_in_flight(kernels, kernel):
     loops = kernels[kernel]["loops"]
     assert any(hgmma for hgmma, _, _ in loops), f"{kernel}: no loop issues HGMMA"
     assert not serialised(loops), f"{kernel}: ptxas serialised a loop's products: {loops}"
 
 
-@pytest.mark.parametrize("kernel", ["attention_hopper._forward_kernel", "attention_hopper._backward_kernel"])
+@pytest.mark.parametrize("kernel", HOPPER_KERNELS)
 def test_the_hopper_kernels_fit_an_sms_shared_memory(kernels, kernel):
     """227 KiB a block on an H200; the forward's ring of three key and value stages takes 224 KiB of it, so a
     barrier or a stage more is refused at launch, on the GPU only."""
@@ -59,6 +62,13 @@ def test_the_hopper_forward_spills_nothing(kernels):
     assert (forward["spill_stores"], forward["spill_loads"]) == (0, 0)
 
 
+def test_the_lockstep_backward_keeps_its_loop_in_registers(kernels):
+    """``attention_bwd_lockstep.py`` exists for this: h3_triton's backward reloads and stores 20 spilled values a
+    query tile in its worker partition's loop (``results/h200-perf/sass-attention.txt``; its Nsight profile counts
+    them), the lockstep kernel's loop none."""
+    assert kernels["attention_bwd_lockstep.py"]["loop_locals"] == [0]
+
+
 def test_a_schedule_that_ptxas_serialises_is_flagged(kernels):
     """``lag-pv`` waits for each P V one tile later, with the accumulator carried in flight through the loop: ptxas
     commits and waits for each of its 16 products alone; ``lockstep``, the same kernel waiting at once, keeps them
@@ -67,13 +77,14 @@ def test_a_schedule_that_ptxas_serialises_is_flagged(kernels):
     assert not serialised(kernels["attention_fwd_gluon.py --schedule lockstep"]["loops"])
 
 
-def test_the_unordered_backward_of_the_benchmark_is_the_shipped_one_less_its_turn_wait():
+def test_the_unordered_backward_of_the_benchmark_is_the_shipped_one_less_its_turn_wait(monkeypatch):
     """``attention_bwd_gluon.py --unordered`` times what the ordered dQ adds cost: its kernel must be the shipped one
     with the dQ writers' wait for their turn taken out, and nothing else."""
     import inspect
 
     from h3_triton import attention_hopper
 
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     spec = importlib.util.spec_from_file_location("attention_bwd_gluon", ROOT / "benchmarks" / "attention_bwd_gluon.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
