@@ -6,7 +6,7 @@
 # Logs go to $OUT/<name>.log.
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
-phase attention-bwd-variants 240 python3 benchmarks/attention_bwd_variants.py
 phase attention-bwd-gluon-variants 240 python3 benchmarks/attention_bwd_gluon.py --lockstep --unordered
+phase attention-bwd-variants 240 python3 benchmarks/attention_bwd_variants.py
 phase row-tilings-chunks 60 python3 benchmarks/row_tilings.py --rows 1,2 --warps 4,8 --chunks 512,1024,2048
-for name in attention-bwd-variants attention-bwd-gluon-variants row-tilings-chunks; do cat "$OUT/$name.log"; done
+for name in attention-bwd-gluon-variants attention-bwd-variants row-tilings-chunks; do cat "$OUT/$name.log"; done
