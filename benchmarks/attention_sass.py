@@ -1,6 +1,7 @@
 """The Gluon attention kernels compiled for an H200 and read without one: h3_triton's Hopper forward and backward
 (:mod:`h3_triton.attention_hopper`), the backward of ``attention_bwd_lockstep.py`` and the two single-partition
-forward schedules of ``attention_fwd_gluon.py``, each at the release shape's specialisation (38,222 tokens x 56 heads x 128, every stride a multiple of 16).
+forward schedules of ``attention_fwd_gluon.py``, each at the release shape's specialisation (38,222 tokens x 56
+heads x 128, every stride a multiple of 16).
 
 Usage: PYTHONPATH=.venv/triton-3.6:benchmarks .venv/bin/python benchmarks/attention_sass.py [--json]
            (any machine: the Triton the H200 runs, which ``make setup`` installs in ``.venv/triton-3.6``, ships
