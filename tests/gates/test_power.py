@@ -7,4 +7,4 @@ import pytest
 @pytest.mark.h3_gate("power", gates="all", subjects="all")
 def test_power(h3_gate):
     result = h3_gate.run()
-    assert result.passed, result.report() + "\n" + result.metrics["power_table"]
+    assert result.passed, result.report() + "\n" + result.metrics.get("power_table", "")  # none where it could not measure

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -273,6 +274,16 @@ def test_own(h3_generation, h3_threshold):
 """)
     _failed_in_one_line(_run(project, "test_own.py"), "test_own", "*/generation-preflight-contract.json generates 2 "
                         "workflows, t2va, fl2va: pick the one to generate with workflow='t2va' or workflow='fl2va'")
+
+
+def test_the_power_item_without_bounds_fails_with_the_freeze_command(project):
+    """On a device class with no frozen bounds, the power item fails naming the bounds and their freeze command (it
+    has no power table to show)."""
+    project.makepyfile(test_power=(Path(__file__).parents[1] / "gates" / "test_power.py").read_text())
+    result = _run(project, "test_power.py", "-k", "model-mutants")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*no frozen model bounds at *model-bounds.json; freeze them with: pytest *--h3-freeze*"])
+    assert "KeyError" not in result.stdout.str()
 
 
 def test_h3_bounds_names_the_item_of_the_repositorys_own_suite_that_freezes_them(project):
