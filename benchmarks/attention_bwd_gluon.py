@@ -1,6 +1,6 @@
 """The attention backward at release shape: h3_triton's Gluon kernel against its Triton kernels.
 
-Usage (GPU): python benchmarks/attention_bwd_gluon.py [--stages 2] [--unordered] [--lockstep]
+Usage (GPU): python benchmarks/attention_bwd_gluon.py [--stages 2] [--unordered]
 
 :func:`h3_triton.attention_hopper.backward` forms dK, dV and dQ in one pass over each key block (five products)
 and adds dQ's terms in the order of the key blocks; the Triton kernels (:func:`h3_triton.attention.triton_backward`)
@@ -13,14 +13,9 @@ added as they come, so dQ is no longer repeatable): what adding in the key block
 scheduler of the ordered adds (such as DASH's shift scheduler for FlashAttention-3's deterministic backward) could
 win back at most. The variant is the module's own source less that one line, loaded as a module of its own (Gluon
 compiles a kernel from its source file); the shipped kernel is not touched.
-
-``--lockstep`` also checks and times ``attention_bwd_lockstep.py``'s kernel (both consumer warp groups in one
-partition, which spills nothing where h3_triton's worker partition does), whose gradients should be bitwise the
-shipped kernel's.
 """
 
 import argparse
-import functools
 import importlib.util
 import itertools
 import tempfile
@@ -28,7 +23,6 @@ from pathlib import Path
 
 import torch
 
-import attention_bwd_lockstep
 from h3_triton import attention, attention_hopper
 from h3_triton.tma import set_scratch_allocator
 from h3gate.bench import RELEASE, cases, median_ms
@@ -70,8 +64,6 @@ def main():
                         "h3_triton's)")
     parser.add_argument("--unordered", action="store_true", help="also time the kernel adding dQ's terms in no set "
                         "order (not repeatable): the cost of the ordered adds")
-    parser.add_argument("--lockstep", action="store_true", help="also check and time the kernel with both consumer "
-                        "warp groups in one partition (attention_bwd_lockstep.py)")
     args = parser.parse_args()
     label, saved = backward_inputs()
     q = saved[0]
@@ -90,10 +82,6 @@ def main():
     kernels = {"gluon": attention_hopper.backward}
     if args.unordered:
         kernels["unordered"] = unordered_hopper().backward
-    if args.lockstep:
-        kernels["lockstep"] = functools.partial(attention_hopper.backward,
-                                                kernel=attention_bwd_lockstep._lockstep_backward_kernel,
-                                                warps=attention_bwd_lockstep.WARPS)
     for (kind, backward), stages in itertools.product(
             kernels.items(), (int(s) for s in (args.stages or str(attention_hopper.BWD_STAGES)).split(","))):
         got, again = grads(), grads()

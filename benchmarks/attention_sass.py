@@ -1,6 +1,5 @@
 """The Gluon attention kernels compiled for an H200 and read without one: h3_triton's Hopper forward and backward
-(:mod:`h3_triton.attention_hopper`), the backward of ``attention_bwd_lockstep.py`` and the two single-partition
-forward schedules of ``attention_fwd_gluon.py``, each at the release shape's specialisation (38,222 tokens x 56
+(:mod:`h3_triton.attention_hopper`) and the two single-partition forward schedules of ``attention_fwd_gluon.py``, each at the release shape's specialisation (38,222 tokens x 56
 heads x 128, every stride a multiple of 16).
 
 Usage: PYTHONPATH=.venv/triton-3.6:benchmarks .venv/bin/python benchmarks/attention_sass.py [--json]
@@ -34,12 +33,10 @@ def _forward_args(prefixes: str) -> dict[str, int]:
 
 def _kernels():
     """(name, kernel, argument types, constexprs, aligned arguments, options) of every kernel reported: h3_triton's
-    Hopper forward and backward, the backward of ``attention_bwd_lockstep.py`` (both consumers in one partition),
-    and the ``lockstep`` and ``lag-pv`` schedules of ``attention_fwd_gluon.py`` (one partition of 8 warps, 3
+    Hopper forward and backward, and the ``lockstep`` and ``lag-pv`` schedules of ``attention_fwd_gluon.py`` (one partition of 8 warps, 3
     stages)."""
     from h3_triton import attention_hopper as hopper
 
-    import attention_bwd_lockstep
     import attention_fwd_gluon
 
     forward = {name: "*bf16" for name in ("Q", "K", "V", "O")} | {"ROW_MAX": "*fp32", "ROW_LOG_SUM": "*fp32"}
@@ -58,9 +55,6 @@ def _kernels():
                            STAGES=hopper.BWD_STAGES)
     yield ("attention_hopper._backward_kernel", hopper._backward_kernel, backward_types, backward_consts,
            (*backward, *strides, "S_PADDED"), dict(num_warps=4, maxnreg=168))
-    yield ("attention_bwd_lockstep.py", attention_bwd_lockstep._lockstep_backward_kernel, backward_types,
-           backward_consts, (*backward, *strides, "S_PADDED"),
-           dict(num_warps=attention_bwd_lockstep.WARPS, maxnreg=168))
 
     single = {name: "i32" for name in ("stride_b", "stride_s", "stride_h", "H", "S")} | {"qk_scale": "fp32"}
     for schedule, lag in (("lockstep", False), ("lag-pv", True)):

@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
 # One GPU call that decides which kernel variants h3_triton should adopt next, at release shapes: the attention
-# backward's variants (each checks its gradients against h3_triton's), the Hopper backward with both consumer warp
-# groups in one partition (attention_bwd_lockstep.py: spills nothing, and should give the shipped kernel's bits), what
-# its ordered dQ adds cost (the kernel with the writers' turn wait taken out) and the norm forward's chunk widths.
+# backward's variants (each checks its gradients against h3_triton's), what the Hopper backward's ordered dQ adds cost
+# (the kernel with the writers' turn wait taken out) and the norm forward's chunk widths.
 # Logs go to $OUT/<name>.log.
 set -uo pipefail
 source "$(dirname "$0")/gpu_setup.sh"
-phase attention-bwd-gluon-variants 240 python3 benchmarks/attention_bwd_gluon.py --lockstep --unordered
+phase attention-bwd-gluon-variants 240 python3 benchmarks/attention_bwd_gluon.py --unordered
 phase attention-bwd-variants 240 python3 benchmarks/attention_bwd_variants.py
 phase row-tilings-chunks 60 python3 benchmarks/row_tilings.py --rows 1,2 --warps 4,8 --chunks 512,1024,2048
 for name in attention-bwd-gluon-variants attention-bwd-variants row-tilings-chunks; do cat "$OUT/$name.log"; done

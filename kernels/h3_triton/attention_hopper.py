@@ -561,14 +561,12 @@ DQ_SUM_BYTES = 1 << 30  # the float32 dQ sum of one launch at most; heads are sp
 
 
 def backward(q, k, v, do, row_max, row_log_sum, delta, dq, dk, dv, sm_scale: float, qk_scale: float,
-             stages: int = BWD_STAGES, sum_bytes: int = DQ_SUM_BYTES, kernel=_backward_kernel,
-             warps: int = 4) -> None:
+             stages: int = BWD_STAGES, sum_bytes: int = DQ_SUM_BYTES) -> None:
     """Fills ``dk`` and ``dv`` (one contiguous allocation's strides) as
     :func:`h3_triton.attention._dkdv_described_kernel` does, bitwise, and ``dq`` with each key block's term added in
     the order of the key blocks: repeatable, but not the bits of :func:`h3_triton.attention._dq_kernel`, whose
     float32 accumulator adds each 64-key product inside the tensor cores. The caller has set the scratch allocator.
-    ``stages``: query tiles in flight; ``kernel`` and ``warps``: a kernel of the same arguments and results, and
-    its default partition's warps (benchmarks compare them). The heads go in as few launches as keep each
+    ``stages``: query tiles in flight (benchmarks compare them). The heads go in as few launches as keep each
     launch's float32 dQ sum within ``sum_bytes`` (two at release shape, 0.55 GB each); every (batch, head) is
     computed alike in any launch, so the split does not change a bit.
 
@@ -589,9 +587,9 @@ def backward(q, k, v, do, row_max, row_log_sum, delta, dq, dk, dv, sm_scale: flo
         # the kernel reads each (batch, head)'s row terms as one row of a contiguous matrix
         terms = [t[:, heads].reshape(B * count, S_PADDED).contiguous() for t in (lse, padded_delta)]
         paths.launch(
-            kernel, (cdiv(S, BWD_BLOCK_N), B * count),
+            _backward_kernel, (cdiv(S, BWD_BLOCK_N), B * count),
             *views[:4], *terms, *views[4:], dq_sum, locks, *(stride for t in views[:5] for stride in t.stride()[:3]),
             count, S, S_PADDED, sm_scale, qk_scale,
-            HEAD_DIM=HEAD_DIM, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, STAGES=stages, num_warps=warps, maxnreg=168,
+            HEAD_DIM=HEAD_DIM, BLOCK_M=BWD_BLOCK_M, BLOCK_N=BWD_BLOCK_N, STAGES=stages, num_warps=4, maxnreg=168,
         )
         dq[:, :, heads].copy_(dq_sum.mul_(sm_scale).view(B, count, S_PADDED, D)[:, :, :S].transpose(1, 2))

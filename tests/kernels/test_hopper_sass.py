@@ -40,7 +40,7 @@ def serialised(loops: list[list[int]]) -> bool:
     return any(hgmma and waits >= groups for hgmma, groups, waits in loops)
 
 
-HOPPER_KERNELS = ["attention_hopper._forward_kernel", "attention_hopper._backward_kernel", "attention_bwd_lockstep.py"]
+HOPPER_KERNELS = ["attention_hopper._forward_kernel", "attention_hopper._backward_kernel"]
 
 
 @pytest.mark.parametrize("kernel", HOPPER_KERNELS)
@@ -60,13 +60,6 @@ def test_the_hopper_kernels_fit_an_sms_shared_memory(kernels, kernel):
 def test_the_hopper_forward_spills_nothing(kernels):
     forward = kernels["attention_hopper._forward_kernel"]
     assert (forward["spill_stores"], forward["spill_loads"]) == (0, 0)
-
-
-def test_the_lockstep_backward_keeps_its_loop_in_registers(kernels):
-    """``attention_bwd_lockstep.py`` exists for this: h3_triton's backward reloads and stores 20 spilled values a
-    query tile in its worker partition's loop (``results/h200-perf/sass-attention.txt``; its Nsight profile counts
-    them), the lockstep kernel's loop none."""
-    assert kernels["attention_bwd_lockstep.py"]["loop_locals"] == [0]
 
 
 def test_a_schedule_that_ptxas_serialises_is_flagged(kernels):
