@@ -10,6 +10,9 @@ for run in sys.argv[1:]:
     for nodeid, result in sorted(results.items()):
         if result["gate"] != "power":
             continue
+        if "rows" not in result["metrics"]:  # the item measured nothing (missing bounds, say): its failed checks
+            print(f"{run} {nodeid}: no rows; " + "; ".join(c["name"] for c in result["checks"] if not c["passed"]))
+            continue
         rows = sorted(result["metrics"]["rows"], key=lambda row: -row.get("seconds", 0.0))
         print(f"{run} {nodeid}: {sum(row.get('seconds', 0.0) for row in rows):.1f} s in {len(rows)} rows")
         for row in rows:

@@ -396,8 +396,16 @@ class GateItem:
         if not self.session.thresholds.is_dir():
             reason = f"{error}: {self.session.missing_thresholds()}"
         else:
-            reason = f"{error}; freeze them with: {self.freeze_command([self.node.nodeid])}"
+            reason = f"{error}; freeze them with: {self.freeze_command(self.mending(error))}"
         return GateResult(self.kind, self.params, [Check.failed("bounds", "missing", reason)])
+
+    def mending(self, error: Exception) -> list[str]:
+        """The pytest arguments whose freeze mends ``error``: this item where its gate freezes the file, else the item
+        that does (a power item reads the bounds that the block, model and generation gates freeze)."""
+        path = getattr(error, "path", None)
+        if path is None or path == registry.REGISTRY[self.kind].module.bounds_file(self.gate_run()):
+            return [self.node.nodeid]
+        return self.freezer(path)
 
     def frozen(self, frozen) -> GateResult:
         """The outcome of a freeze item: bounds written (and which cannot discriminate)."""

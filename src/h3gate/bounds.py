@@ -32,7 +32,13 @@ FLOORS = {"forward": 1e-3, "gradient": 5e-3}
 
 
 class BoundsError(Exception):
-    """Bounds that cannot be used: missing, tampered, for another model or device. The message says what to do."""
+    """Bounds that cannot be used: missing, tampered, for another model or device. The message says what to do;
+    ``path``, where known, is the bounds file whose freeze mends it (which need not be the failing item's own: the
+    power gate reads every gate's)."""
+
+    def __init__(self, message: str, path: Path | None = None):
+        super().__init__(message)
+        self.path = path
 
 
 def tap_kind(tap: str) -> str:
@@ -153,14 +159,14 @@ def load(path: Path, gate: str, model_identity: str, device: str) -> Bounds:
     """Frozen bounds for this gate, model identity and device class, or a :class:`BoundsError` saying why not."""
     path = Path(path)
     if not path.is_file():
-        raise BoundsError(f"no frozen {gate} bounds at {path}")
+        raise BoundsError(f"no frozen {gate} bounds at {path}", path)
     data = read_json(path, "bounds file")
     if data.get("schema") != SCHEMA:
         raise FileFormatError(path, f"schema is {data.get('schema')!r}, expected {SCHEMA!r}")
     for key, expected in (("gate", gate), ("model_identity", model_identity), ("device_class", device)):
         found = require(path, data, key, str, "bounds file")
         if found != expected:
-            raise BoundsError(f"{path} holds bounds for {key} {found!r}, this run needs {expected!r}")
+            raise BoundsError(f"{path} holds bounds for {key} {found!r}, this run needs {expected!r}", path)
     table = require(path, data, "bounds", dict, "bounds file")
     for tap, value in table.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:

@@ -277,12 +277,16 @@ def test_own(h3_generation, h3_threshold):
 
 
 def test_the_power_item_without_bounds_fails_with_the_freeze_command(project):
-    """On a device class with no frozen bounds, the power item fails naming the bounds and their freeze command (it
-    has no power table to show)."""
+    """On a device class with no frozen bounds, the power item fails naming the bounds it reads and the item that
+    freezes them (the power item freezes nothing), with no power table to show."""
+    from h3gate import suite
+
+    (project.path / "thresholds" / suite.RECORD).write_text(suite.record_text("test_gate.py"))
     project.makepyfile(test_power=(Path(__file__).parents[1] / "gates" / "test_power.py").read_text())
     result = _run(project, "test_power.py", "-k", "model-mutants")
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*no frozen model bounds at *model-bounds.json; freeze them with: pytest *--h3-freeze*"])
+    result.stdout.fnmatch_lines(["*no frozen model bounds at *model-bounds.json; freeze them with: "
+                                 "pytest test_gate.py::test_model --h3-freeze --h3-model=tiny --h3-device=cpu"])
     assert "KeyError" not in result.stdout.str()
 
 
