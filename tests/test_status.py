@@ -254,3 +254,18 @@ def test_the_session_header_counts_the_files_its_profiles_gates_read(pytester):
         run = pytester.runpytest("-p", "no:cacheprovider", "--h3-model=edge", "--h3-device=cpu",
                                  f"--h3-thresholds={THRESHOLDS}", f"--h3-profile={profile}")
         run.stdout.fnmatch_lines([f"h3 thresholds: {line}*"])
+
+
+# The device classes of the committed thresholds folder, and the profile each model's README command runs there.
+SHIPPED = sorted((path.parent.name, path.name) for path in THRESHOLDS.glob("*/*") if path.is_dir())
+README_PROFILE = {"edge": "model-block"}
+
+
+@pytest.mark.parametrize("model, device_class", SHIPPED, ids=[f"{m}-{d}" for m, d in SHIPPED])
+def test_every_shipped_device_class_holds_every_file_its_gates_read(model, device_class):
+    """A GPU we ship bounds for runs `pytest -m gate` out of the box: none of its files missing or stale."""
+    from h3gate.evidence.profiles import profile
+
+    gates = {requirement.gate for requirement in profile(README_PROFILE.get(model, "ci")).requirements}
+    report = status_mod.status(THRESHOLDS, model, device="cpu", device_class=device_class, gates=gates)
+    assert report.ok, report.table()
