@@ -282,8 +282,9 @@ def test_the_power_item_without_bounds_fails_with_the_freeze_command(project):
     from h3gate import suite
 
     (project.path / "thresholds" / suite.RECORD).write_text(suite.record_text("test_gate.py"))
-    project.makepyfile(test_power=(Path(__file__).parents[1] / "gates" / "test_power.py").read_text())
-    result = _run(project, "test_power.py", "-k", "model-mutants")
+    # Written as test_team_power.py, as GENERATION_TEST is: tests/gates/test_power.py may be imported already.
+    project.makepyfile(test_team_power=(Path(__file__).parents[1] / "gates" / "test_power.py").read_text())
+    result = _run(project, "test_team_power.py", "-k", "model-mutants")
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*no frozen model bounds at *model-bounds.json; freeze them with: "
                                  "pytest test_gate.py::test_model --h3-freeze --h3-model=tiny --h3-device=cpu"])
