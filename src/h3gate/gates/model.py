@@ -183,7 +183,7 @@ def frozen_for_contract(run, gate: str, stem: str) -> bounds_mod.Bounds:
     path = bounds_mod.bounds_path(run.thresholds, run.model_name, run.device_class, stem)
     frozen = bounds_mod.load(path, gate, run.model.identity, run.device_class)
     if frozen.provenance.get("contract") != contract.to_json():
-        raise bounds_mod.BoundsError(f"{path} was frozen for another model contract than {contract_path}")
+        raise bounds_mod.BoundsError(f"{path} was frozen for another model contract than {contract_path}", path)
     return frozen
 
 
