@@ -40,7 +40,8 @@ def serialised(loops: list[list[int]]) -> bool:
     return any(hgmma and waits >= groups for hgmma, groups, waits in loops)
 
 
-HOPPER_KERNELS = ["attention_hopper._forward_kernel", "attention_hopper._backward_kernel"]
+HOPPER_KERNELS = ["attention_hopper._forward_kernel", "attention_hopper._backward_kernel",
+                  "attention_fwd_gluon.py --schedule three"]
 
 
 @pytest.mark.parametrize("kernel", HOPPER_KERNELS)
