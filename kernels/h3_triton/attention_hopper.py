@@ -116,8 +116,8 @@ def _pingpong_softmax(s, m_i, l_i, acc, qk_scale, tile, S, mma_layout: gl.conste
 def _pingpong_step(ring, p, m_i, l_i, acc, zeros, j, S, qk_scale, STAGES: gl.constexpr, FIRST: gl.constexpr,
                    mma_layout: gl.constexpr, p_layout: gl.constexpr, MASK: gl.constexpr):
     """One consumer's tile j + 1: on its turn it issues the scores of tile j + 1 and the P V of tile j together
-    and hands the tensor cores to the other consumer; it then waits for both, frees tile j's stage and runs the
-    softmax of tile j + 1 while the other consumer's products run."""
+    and hands the tensor cores to the next consumer; it then waits for both, frees tile j's stage and runs the
+    softmax of tile j + 1 while the other consumers' products run."""
     q_half, k_smem, v_smem, k_ready, v_ready, kv_empty, my_turn, their_turn, p_smem = ring
     nxt = (j + 1) % STAGES
     stage = j % STAGES
@@ -144,7 +144,7 @@ def _pingpong_consumer(args, HALF: gl.constexpr):
     BLOCK_N: gl.constexpr = k_smem.type.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[2]
     gl.static_assert(BLOCK_N == HEAD_DIM, "scores and output share one wgmma layout")
-    # The first half takes the first turn: a fresh mbarrier reads as having completed a phase of parity 1, so
+    # The first consumer takes the first turn: a fresh mbarrier reads as having completed a phase of parity 1, so
     # turn t waits for parity (t & 1) ^ FIRST.
     FIRST: gl.constexpr = 1 if HALF == 0 else 0
     mma_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
