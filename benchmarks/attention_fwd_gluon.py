@@ -1,17 +1,16 @@
-"""The attention forward in Gluon, four schedules, against h3_triton's Triton kernel and cuDNN at release shape.
+"""The attention forward in Gluon, three schedules, against h3_triton's Triton kernel and cuDNN at release shape.
 
-Usage (GPU): python benchmarks/attention_fwd_gluon.py [--schedule pingpong|three|lockstep|lag-pv] [--stages N]
+Usage (GPU): python benchmarks/attention_fwd_gluon.py [--schedule pingpong|lockstep|lag-pv] [--stages 3]
 
 ``pingpong`` is the kernel h3_triton runs on Hopper (:mod:`h3_triton.attention_hopper`: two consumer warp groups
-taking turns at the tensor cores, a producer warp for the TMA loads); ``three`` is that kernel with three consumers
-of 64 rows taking turns in a ring (FlashAttention-3's 192 x 128 tiling for head_dim 128; P through shared memory, 2
-stages). The two others, kept to show what the turns buy, are one program of 8 warps (both warp groups over 128
-query rows in lockstep, as Triton's compiler runs h3_triton's forward) with the schedule FlashAttention-3 calls
-intra-warpgroup overlap: the scores of key tile j + 1 are issued before the softmax of tile j, so the tensor cores
-run them under it, and key and value tiles stream through a ring of TMA stages, each guarded by an mbarrier;
-``lockstep`` waits for each P V with the next scores, ``lag-pv`` one tile later (so the next softmax also runs under
-it; 3 stages or more). Every schedule does h3_triton's arithmetic step for step: the script checks that the output
-and the saved row statistics are bitwise h3_triton's, and that two runs agree, before timing.
+taking turns at the tensor cores, a producer warp for the TMA loads). The two others, kept to show what the
+turns buy, are one program of 8 warps (both warp groups over 128 query rows in lockstep, as Triton's compiler
+runs h3_triton's forward) with the schedule FlashAttention-3 calls intra-warpgroup overlap: the scores of key tile
+j + 1 are issued before the softmax of tile j, so the tensor cores run them under it, and key and value tiles
+stream through a ring of TMA stages, each guarded by an mbarrier; ``lockstep`` waits for each P V with the next
+scores, ``lag-pv`` one tile later (so the next softmax also runs under it; 3 stages or more). Every schedule does
+h3_triton's arithmetic step for step: the script checks that the output and the saved row statistics are bitwise
+h3_triton's, and that two runs agree, before timing.
 
 Measured on an H200 (``results/h200-perf/attention-fwd-gluon.log``): lockstep 96.5 ms with 2 stages and 78.2 ms
 with 3, lag-pv 79.1 ms, pingpong 82.8 ms with 2 stages and 67.7 ms (619 TFLOP/s) with 3, against h3_triton's
@@ -152,11 +151,7 @@ def _gluon_fwd_kernel(Q, K, V, O, ROW_MAX, ROW_LOG_SUM,
     tma.store_wait(0)
 
 
-SCHEDULES = ("pingpong", "three", "lockstep", "lag-pv")
-# ``three``: h3_triton's Hopper kernel with three consumers of 64 rows (FlashAttention-3's 192 x 128 tiling, P
-# through shared memory): two stages of keys and values, 16 warps at 128 registers (each consumer 160-168).
-THREE = dict(BLOCK_M=192, BLOCK_N=128, STAGES=2, CONSUMERS=3)
-THREE_OPTIONS = dict(num_warps=4, maxnreg=128)
+SCHEDULES = ("pingpong", "lockstep", "lag-pv")
 
 
 def gluon_forward(q, k, v, schedule: str, stages: int):
@@ -169,13 +164,6 @@ def gluon_forward(q, k, v, schedule: str, stages: int):
         if stages != attention_hopper.STAGES:
             raise SystemExit(f"--stages: the pingpong kernel is h3_triton's, built with {attention_hopper.STAGES}")
         attention_hopper.forward(q, k, v, o, row_max, row_log_sum, qk_scale)
-    elif schedule == "three":
-        if stages != THREE["STAGES"]:
-            raise SystemExit(f"--stages: the three-consumer kernel fits {THREE['STAGES']} stages")
-        attention_hopper._forward_kernel[(triton.cdiv(S, THREE["BLOCK_M"]), B * H)](
-            q, k, v, o, row_max, row_log_sum, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-            H, S, qk_scale, HEAD_DIM=D, **THREE, **THREE_OPTIONS,
-        )
     else:
         _gluon_fwd_kernel[(triton.cdiv(S, BLOCK), B * H)](
             q, k, v, o, row_max, row_log_sum, q.stride(0), q.stride(1), q.stride(2), H, S, qk_scale,
@@ -193,13 +181,11 @@ def triton_forward(q, k, v):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stages", type=int, help="TMA stages of the key and value ring (default 3; three: 2)")
+    parser.add_argument("--stages", type=int, default=3, help="TMA stages of the key and value ring (default 3)")
     parser.add_argument("--schedule", choices=SCHEDULES, default="pingpong",
-                        help="pingpong: h3_triton's Hopper kernel; three: the same with three consumers (192 x 128, "
-                        "2 stages); lockstep: 8 warps, each P V waited for with the "
+                        help="pingpong: h3_triton's Hopper kernel; lockstep: 8 warps, each P V waited for with the "
                         "next scores; lag-pv: each P V waited for one tile later (3+ stages)")
     args = parser.parse_args()
-    args.stages = args.stages or (THREE["STAGES"] if args.schedule == "three" else 3)
 
     case = next(c for c in cases(RELEASE, "cuda") if c.op == "attention")
     q, k, v = (case.make()[name] for name in ("q", "k", "v"))

@@ -1,6 +1,5 @@
 """The Gluon attention kernels compiled for an H200 and read without one: h3_triton's Hopper forward and backward
-(:mod:`h3_triton.attention_hopper`, its forward also with three consumers) and the two single-partition forward
-schedules of ``attention_fwd_gluon.py``, each at the release shape's specialisation (38,222 tokens x 56
+(:mod:`h3_triton.attention_hopper`) and the two single-partition forward schedules of ``attention_fwd_gluon.py``, each at the release shape's specialisation (38,222 tokens x 56
 heads x 128, every stride a multiple of 16).
 
 Usage: PYTHONPATH=.venv/triton-3.6:benchmarks .venv/bin/python benchmarks/attention_sass.py [--json]
@@ -34,7 +33,7 @@ def _forward_args(prefixes: str) -> dict[str, int]:
 
 def _kernels():
     """(name, kernel, argument types, constexprs, aligned arguments, options) of every kernel reported: h3_triton's
-    Hopper forward (also with three consumers) and backward, and the ``lockstep`` and ``lag-pv`` schedules of ``attention_fwd_gluon.py`` (one partition of 8 warps, 3
+    Hopper forward and backward, and the ``lockstep`` and ``lag-pv`` schedules of ``attention_fwd_gluon.py`` (one partition of 8 warps, 3
     stages)."""
     from h3_triton import attention_hopper as hopper
 
@@ -44,10 +43,8 @@ def _kernels():
     strides = _forward_args("q k v o")
     forward_types = forward | {name: "i32" for name in (*strides, "H", "S")} | {"qk_scale": "fp32"}
     yield ("attention_hopper._forward_kernel", hopper._forward_kernel, forward_types,
-           dict(HEAD_DIM=D, BLOCK_M=hopper.BLOCK_M, BLOCK_N=hopper.BLOCK_N, STAGES=hopper.STAGES, CONSUMERS=2),
+           dict(HEAD_DIM=D, BLOCK_M=hopper.BLOCK_M, BLOCK_N=hopper.BLOCK_N, STAGES=hopper.STAGES),
            (*forward, *strides), dict(num_warps=4, maxnreg=168))
-    yield ("attention_fwd_gluon.py --schedule three", hopper._forward_kernel, forward_types,
-           dict(HEAD_DIM=D, **attention_fwd_gluon.THREE), (*forward, *strides), attention_fwd_gluon.THREE_OPTIONS)
 
     backward = ({name: "*bf16" for name in ("Q", "K", "V", "DO", "DK", "DV")}
                 | {name: "*fp32" for name in ("LSE", "DELTA", "DQ_SUM")} | {"LOCKS": "*i32"})

@@ -94,31 +94,24 @@ def _softmax_tile(s, m_i, l_i, qk_scale):
 
 @gluon.jit
 def _pingpong_softmax(s, m_i, l_i, acc, qk_scale, tile, S, mma_layout: gl.constexpr, p_layout: gl.constexpr,
-                      MASK: gl.constexpr, p_smem):
-    """Softmax of one consumer's score tile ``tile``: P as the next P V's operand (in registers, or stored in
-    ``p_smem`` where ``p_layout`` is None), the new row max and sum, and the accumulator rescaled (its previous
-    P V complete). Only the last tile is masked."""
+                      MASK: gl.constexpr):
+    """Softmax of one consumer's score tile ``tile``: P as the next P V's operand, the new row max and sum, and
+    the accumulator rescaled (its previous P V complete). Only the last tile is masked."""
     if MASK:
         BLOCK_N: gl.constexpr = s.shape[1]
         keys = tile * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_layout))
         s = gl.where(gl.expand_dims(keys < S, 0), s, float("-inf"))
     p, m_i, l_i, alpha = _softmax_tile(s, m_i, l_i, qk_scale)
-    if p_layout.value is None:
-        p_smem.store(p.to(gl.bfloat16))
-        fence_async_shared()
-        operand = p_smem
-    else:
-        operand = gl.convert_layout(p.to(gl.bfloat16), p_layout)
-    return operand, m_i, l_i, acc * alpha
+    return gl.convert_layout(p.to(gl.bfloat16), p_layout), m_i, l_i, acc * alpha
 
 
 @gluon.jit
 def _pingpong_step(ring, p, m_i, l_i, acc, zeros, j, S, qk_scale, STAGES: gl.constexpr, FIRST: gl.constexpr,
                    mma_layout: gl.constexpr, p_layout: gl.constexpr, MASK: gl.constexpr):
     """One consumer's tile j + 1: on its turn it issues the scores of tile j + 1 and the P V of tile j together
-    and hands the tensor cores to the next consumer; it then waits for both, frees tile j's stage and runs the
-    softmax of tile j + 1 while the other consumers' products run."""
-    q_half, k_smem, v_smem, k_ready, v_ready, kv_empty, my_turn, their_turn, p_smem = ring
+    and hands the tensor cores to the other consumer; it then waits for both, frees tile j's stage and runs the
+    softmax of tile j + 1 while the other consumer's products run."""
+    q_half, k_smem, v_smem, k_ready, v_ready, kv_empty, my_turn, their_turn = ring
     nxt = (j + 1) % STAGES
     stage = j % STAGES
     mbarrier.wait(k_ready.index(nxt), ((j + 1) // STAGES) & 1)
@@ -129,33 +122,29 @@ def _pingpong_step(ring, p, m_i, l_i, acc, zeros, j, S, qk_scale, STAGES: gl.con
     mbarrier.arrive(their_turn, count=1)
     s, acc = warpgroup_mma_wait(0, deps=(s, acc))
     mbarrier.arrive(kv_empty.index(stage), count=1)
-    return _pingpong_softmax(s, m_i, l_i, acc, qk_scale, j + 1, S, mma_layout, p_layout, MASK, p_smem)
+    return _pingpong_softmax(s, m_i, l_i, acc, qk_scale, j + 1, S, mma_layout, p_layout, MASK)
 
 
 @gluon.jit
 def _pingpong_consumer(args, HALF: gl.constexpr):
-    """Rows [HALF * 64, HALF * 64 + 64) of the query block: one warp group's whole forward. The consumers (two,
-    or three with P through shared memory) take their turns at the tensor cores in a ring."""
-    (q_desc, o_desc, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, v_ready, kv_empty, turns,
+    """Rows [HALF * 64, HALF * 64 + 64) of the query block: one warp group's whole forward."""
+    (q_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns,
      ROW_MAX, ROW_LOG_SUM, pid_m, pid_bh, S, qk_scale) = args
-    CONSUMERS: gl.constexpr = q_smem.type.shape[0]
     STAGES: gl.constexpr = k_smem.type.shape[0]
     ROWS: gl.constexpr = q_smem.type.shape[1]
     BLOCK_N: gl.constexpr = k_smem.type.shape[1]
     HEAD_DIM: gl.constexpr = k_smem.type.shape[2]
     gl.static_assert(BLOCK_N == HEAD_DIM, "scores and output share one wgmma layout")
-    # The first consumer takes the first turn: a fresh mbarrier reads as having completed a phase of parity 1, so
+    # The first half takes the first turn: a fresh mbarrier reads as having completed a phase of parity 1, so
     # turn t waits for parity (t & 1) ^ FIRST.
-    FIRST: gl.constexpr = 1 if HALF == 0 else 0
+    FIRST: gl.constexpr = 1 - HALF
     mma_layout: gl.constexpr = _wgmma_layout(BLOCK_N)
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2) \
-        if CONSUMERS == 2 else None
-    p_own = p_smem.index(HALF)
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_layout, k_width=2)
     rows_layout: gl.constexpr = gl.SliceLayout(1, mma_layout)
     my_turn = turns.index(HALF)
-    their_turn = turns.index((HALF + 1) % CONSUMERS)
+    their_turn = turns.index(1 - HALF)
     q_half = q_smem.index(HALF)
-    row0 = pid_m * CONSUMERS * ROWS + HALF * ROWS
+    row0 = pid_m * 2 * ROWS + HALF * ROWS
 
     mbarrier.expect(q_bars.index(HALF), q_desc.block_type.nbytes)
     tma.async_copy_global_to_shared(q_desc, [row0, 0], q_bars.index(HALF), q_half)
@@ -171,10 +160,10 @@ def _pingpong_consumer(args, HALF: gl.constexpr):
     mbarrier.arrive(their_turn, count=1)
     s = warpgroup_mma_wait(0, deps=(s,))
     if n_tiles == 1:
-        p, m_i, l_i, acc = _pingpong_softmax(s, m_i, l_i, acc, qk_scale, 0, S, mma_layout, p_layout, True, p_own)
+        p, m_i, l_i, acc = _pingpong_softmax(s, m_i, l_i, acc, qk_scale, 0, S, mma_layout, p_layout, True)
     else:
-        p, m_i, l_i, acc = _pingpong_softmax(s, m_i, l_i, acc, qk_scale, 0, S, mma_layout, p_layout, False, p_own)
-    ring = (q_half, k_smem, v_smem, k_ready, v_ready, kv_empty, my_turn, their_turn, p_own)
+        p, m_i, l_i, acc = _pingpong_softmax(s, m_i, l_i, acc, qk_scale, 0, S, mma_layout, p_layout, False)
+    ring = (q_half, k_smem, v_smem, k_ready, v_ready, kv_empty, my_turn, their_turn)
     for j in range(0, n_tiles - 2):
         p, m_i, l_i, acc = _pingpong_step(ring, p, m_i, l_i, acc, zeros, j, S, qk_scale, STAGES, FIRST, mma_layout,
                                           p_layout, False)
@@ -200,27 +189,21 @@ def _pingpong_consumer(args, HALF: gl.constexpr):
 
 @gluon.jit
 def _pingpong_first(consumer):
-    """The default partition (the kernel's own 4 warps): the first consumer's query rows."""
+    """The default partition (the kernel's own 4 warps): the first half of the query rows."""
     _pingpong_consumer(consumer, 0)
 
 
 @gluon.jit
 def _pingpong_second(workers):
-    """A worker partition: the second consumer's rows. Workers share one signature, so each takes its part of
+    """A worker partition: the second half. Workers share one signature, so each takes its part of
     (consumer, producer)."""
     _pingpong_consumer(workers[0], 1)
 
 
 @gluon.jit
-def _pingpong_third(workers):
-    """A worker partition of the three-consumer forward: the third consumer's rows."""
-    _pingpong_consumer(workers[0], 2)
-
-
-@gluon.jit
 def _key_value_producer(workers):
-    """One warp streaming the key and value tiles through the ring; a stage is refilled once every consumer has
-    freed it."""
+    """One warp streaming the key and value tiles through the ring; a stage is refilled once both consumers
+    have freed it."""
     (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, S) = workers[1]
     STAGES: gl.constexpr = k_smem.type.shape[0]
     BLOCK_N: gl.constexpr = k_smem.type.shape[1]
@@ -254,13 +237,11 @@ def _forward_kernel(Q, K, V, O, ROW_MAX, ROW_LOG_SUM,
                     stride_vb, stride_vs, stride_vh,
                     stride_ob, stride_os, stride_oh,
                     H, S, qk_scale,
-                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                    CONSUMERS: gl.constexpr = 2):
-    """One query block of one (batch, head): :func:`h3_triton.attention._fwd_kernel`'s arguments. Two consumers
-    of 64 rows hold P in registers; three (FlashAttention-3's 192 x 128 tiling) pass it through shared memory."""
+                    HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """One query block of one (batch, head): :func:`h3_triton.attention._fwd_kernel`'s arguments."""
     pid_m = gl.program_id(0)
     pid_bh = gl.program_id(1)
-    ROWS: gl.constexpr = BLOCK_M // CONSUMERS
+    ROWS: gl.constexpr = BLOCK_M // 2
     half_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([ROWS, HEAD_DIM], gl.bfloat16)
     tile_layout: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, HEAD_DIM], gl.bfloat16)
     q_desc = _head_descriptor(Q, _head(pid_bh, H, stride_qb, stride_qh), S, stride_qs, ROWS, HEAD_DIM, half_layout)
@@ -269,41 +250,29 @@ def _forward_kernel(Q, K, V, O, ROW_MAX, ROW_LOG_SUM,
                               tile_layout)
     v_desc = _head_descriptor(V, _head(pid_bh, H, stride_vb, stride_vh), S, stride_vs, BLOCK_N, HEAD_DIM,
                               tile_layout)
-    q_smem = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, ROWS, HEAD_DIM], half_layout)
+    q_smem = gl.allocate_shared_memory(gl.bfloat16, [2, ROWS, HEAD_DIM], half_layout)
     k_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], tile_layout)
     v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BLOCK_N, HEAD_DIM], tile_layout)
-    if CONSUMERS == 2:
-        p_smem = q_smem  # P stays in registers: never read
-    else:
-        p_smem = gl.allocate_shared_memory(gl.bfloat16, [CONSUMERS, ROWS, BLOCK_N], half_layout)
-    q_bars = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
-    turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+    q_bars = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turns = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     kv_empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(CONSUMERS):
+    for i in gl.static_range(2):
         mbarrier.init(q_bars.index(i), count=1)
         mbarrier.init(turns.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(k_ready.index(i), count=1)
         mbarrier.init(v_ready.index(i), count=1)
-        mbarrier.init(kv_empty.index(i), count=CONSUMERS)
-    consumer = (q_desc, o_desc, q_smem, k_smem, v_smem, p_smem, q_bars, k_ready, v_ready, kv_empty, turns,
+        mbarrier.init(kv_empty.index(i), count=2)
+    consumer = (q_desc, o_desc, q_smem, k_smem, v_smem, q_bars, k_ready, v_ready, kv_empty, turns,
                 ROW_MAX, ROW_LOG_SUM, pid_m, pid_bh, S, qk_scale)
     producer = (k_desc, v_desc, k_smem, v_smem, k_ready, v_ready, kv_empty, S)
-    if CONSUMERS == 2:
-        gl.warp_specialize([
-            (_pingpong_first, (consumer,)),
-            (_pingpong_second, ((consumer, producer),)),
-            (_key_value_producer, ((consumer, producer),)),
-        ], [4, 1], [240, 24])
-    else:
-        gl.warp_specialize([
-            (_pingpong_first, (consumer,)),
-            (_pingpong_second, ((consumer, producer),)),
-            (_pingpong_third, ((consumer, producer),)),
-            (_key_value_producer, ((consumer, producer),)),
-        ], [4, 4, 1], [160, 160, 24])
+    gl.warp_specialize([
+        (_pingpong_first, (consumer,)),
+        (_pingpong_second, ((consumer, producer),)),
+        (_key_value_producer, ((consumer, producer),)),
+    ], [4, 1], [240, 24])
 
 
 def forward(q, k, v, o, row_max, row_log_sum, qk_scale: float) -> None:

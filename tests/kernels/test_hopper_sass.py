@@ -40,8 +40,7 @@ def serialised(loops: list[list[int]]) -> bool:
     return any(hgmma and waits >= groups for hgmma, groups, waits in loops)
 
 
-HOPPER_KERNELS = ["attention_hopper._forward_kernel", "attention_hopper._backward_kernel",
-                  "attention_fwd_gluon.py --schedule three"]
+HOPPER_KERNELS = ["attention_hopper._forward_kernel", "attention_hopper._backward_kernel"]
 
 
 @pytest.mark.parametrize("kernel", HOPPER_KERNELS)
