@@ -49,7 +49,8 @@ from h3gate.files import write_json
 from h3gate.generation import resume
 from h3gate.generation.resume import Run, hash_inputs, resolved
 from h3gate.model.contract import model_inputs
-from h3gate.model.factory import keeps_fp32
+from h3gate.model.factory import transformer_skeleton
+from h3gate.model.presets import RELEASE_CONFIG
 
 RELEASE_STEP_MS = 6794.0  # the provider's 50-block transformer call, h200-release-step-tma.json
 MB = 1e6
@@ -63,13 +64,7 @@ def sync(device: str) -> None:
 def release_io(device: str, fraction: float = 1.0) -> tuple[dict, tuple]:
     """(keyword inputs, outputs) of one release transformer call on ``device``; ``fraction`` < 1 scales the
     contract's latent frames, text tokens and audio latents down (at least one of each)."""
-    from diffusers import MiniMaxH3Transformer3DModel
-
-    with torch.device("meta"):
-        transformer = MiniMaxH3Transformer3DModel(**bench.TRANSFORMER_SHAPES["release"], num_layers=1)
-    for name, param in transformer.named_parameters():  # checkpoint precision, as bench.random_transformer sets it
-        if not keeps_fp32(name):
-            param.data = param.data.to(torch.bfloat16)
+    transformer = transformer_skeleton({**RELEASE_CONFIG, "num_layers": 1})
     contract = bench.contract("release")
     scaled = ("latent_frames", "text_tokens", "audio_latents")
     contract = dataclasses.replace(contract, **{key: max(1, round(getattr(contract, key) * fraction))

@@ -9,6 +9,7 @@ import torch
 from conftest import ROOT
 from h3gate import bench
 from h3gate.candidates import ProviderCandidate
+from h3gate.model import factory
 
 
 def test_small_sections_report_ratios():
@@ -25,9 +26,9 @@ def test_small_sections_report_ratios():
 
 
 def test_release_path_builds_on_meta(monkeypatch):
-    narrow = dict(bench.TRANSFORMER_SHAPES["release"], num_attention_heads=2, attention_head_dim=32, hidden_size=64,
+    narrow = dict(factory.RELEASE_CONFIG, num_attention_heads=2, attention_head_dim=32, hidden_size=64,
                   ffn_dim=128, text_dim=32, freq_dim=32, time_embed_hidden_dim=64, time_embed_dim=32, rope_freq_dim=4)
-    monkeypatch.setitem(bench.TRANSFORMER_SHAPES, "release", narrow)
+    monkeypatch.setattr(factory, "RELEASE_CONFIG", narrow)
     monkeypatch.setattr(bench, "RELEASE_CONTRACT", dict(text_tokens=5, latent_frames=7, latent_height=4, latent_width=6, audio_latents=9))
     transformer, config = bench.random_transformer("release", 1, "cpu")
     hidden, temb, indices, rotary = bench._block_inputs(transformer, bench._contract_inputs("release", config, "cpu"))

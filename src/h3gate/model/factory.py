@@ -99,6 +99,11 @@ def transformer_skeleton(config: dict) -> MiniMaxH3Transformer3DModel:
     return transformer
 
 
+def release_transformer(layers: int, seed: int, device: str) -> MiniMaxH3Transformer3DModel:
+    """The release transformer's first ``layers`` blocks drawn on ``device`` (any device) at checkpoint precision."""
+    return _materialised({**RELEASE_CONFIG, "num_layers": layers}, seed, device)
+
+
 def _materialised(config: dict, seed: int, device: str) -> MiniMaxH3Transformer3DModel:
     """``config``'s transformer built on the meta device and materialised on ``device`` at checkpoint precision,
     each parameter drawn there in float32 (one at a time) by a generator seeded from ``seed`` and its name, so a
@@ -142,7 +147,7 @@ def build_release(seed: int = 0, layers: int | None = None, device: str = "cuda"
         raise ModelError(
             f"the {RELEASE} model is built on a CUDA GPU with about 70 GiB free (61.7 GiB of bfloat16 weights); {where}"
         )
-    transformer = _materialised({**RELEASE_CONFIG, "num_layers": layers}, seed, device)
+    transformer = release_transformer(layers, seed, device)
     properties = torch.cuda.get_device_properties(device)
     init_code = "".join(inspect.getsource(function) for function in (_initial_value, transformer_skeleton, _materialised, drawn_parameter))
     recipe = {
