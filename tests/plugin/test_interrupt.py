@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -19,10 +20,12 @@ from seeded_gates import seeded_gate
 
 FILES = ("tiny/generation-contract.json", "tiny/cpu/generation-bounds.json")
 # A Ctrl-C as a terminal sends it (to the whole process group: controller and workers), once, as the first candidate
-# generation to get there has saved its third step.
+# generation to get there has saved its third step; or, with H3_TEST_TIMEOUT set, the SIGTERMs of timeout(1): one to
+# the command (an xdist worker's parent) and one to its process group, here 0.3 s apart.
 CONFTEST = """
 import os
 import signal
+import time
 
 from h3gate.generation import resume
 
@@ -36,7 +39,12 @@ def _save_then_interrupt(self, step, digests, outputs, info):
             os.close(os.open(os.environ["H3_TEST_CTRL_C"], os.O_CREAT | os.O_EXCL))
         except FileExistsError:
             return
-        os.killpg(os.getpgrp(), signal.SIGINT)
+        if os.environ.get("H3_TEST_TIMEOUT"):
+            os.kill(os.getppid(), signal.SIGTERM)
+            time.sleep(0.3)
+            os.killpg(os.getpgrp(), signal.SIGTERM)
+        else:
+            os.killpg(os.getpgrp(), signal.SIGINT)
 
 
 resume.Run._save = _save_then_interrupt
@@ -92,6 +100,36 @@ def test_ctrl_c_says_where_each_generation_stopped_and_nothing_else(project, wor
     if "-n" not in workers:  # the step bar says it as the run starts (xdist workers draw no bars)
         assert "the 2 saved steps replayed and saved step 3 recomputed, to equal it bitwise" in resumed.stderr, \
             resumed.stderr
+
+
+def test_timeouts_two_sigterms_stop_an_xdist_session_once(project):
+    """timeout(1) signals its command and then the command's process group: xdist's controller gets SIGTERM twice. The
+    second is the same stop, not a second one that kills the controller before it can say where the runs stopped."""
+    stopped = session(project, ["-n", "2"], H3_TEST_CTRL_C=str(project.path / "stop-sent"), H3_TEST_TIMEOUT="1",
+                      PYTEST_XDIST_WORKER="gw1")
+    output = stopped.stdout + stopped.stderr
+    assert stopped.returncode == pytest.ExitCode.INTERRUPTED, output
+    assert any(line.startswith("test_gates.py::test_generation[seed") and line.endswith(
+        ": preempted at step 3/7; run the same command to resume") for line in stopped.stdout.splitlines()), output
+
+
+def test_a_signal_held_stops_at_once_when_it_comes_again_later(monkeypatch):
+    from pytest_h3 import distribution
+
+    monkeypatch.setattr(distribution, "SAME_STOP_S", 0.2)
+    monkeypatch.setattr(distribution, "SIGNALS", [])
+    before, then = [], []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: before.append(signum))
+    try:
+        with distribution.first_signal_held(then.append) as received:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert received == then == [signal.SIGTERM] and before == [], "a repeat at once is the same stop"
+            time.sleep(0.3)
+            os.kill(os.getpid(), signal.SIGTERM)
+            assert before == [signal.SIGTERM], "a second stop goes to the handler before, as if none were held"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # A gate whose first item's compiler dies of the Ctrl-C that reached the whole process group: the signal comes, and
