@@ -6,7 +6,11 @@ import sys
 from pathlib import Path
 
 for run in sys.argv[1:]:
-    results = json.loads((Path(run) / "results.json").read_text())["results"]
+    path = Path(run) / "results.json"
+    if not path.is_file():  # a session killed before its end writes none
+        print(f"{run}: no results.json; the run did not finish (its log says how it ended)")
+        continue
+    results = json.loads(path.read_text())["results"]
     for nodeid, result in sorted(results.items()):
         if result["gate"] != "power":
             continue
