@@ -413,6 +413,36 @@ def machine() -> dict:
     return {k: facts[k] for k in ("python", "torch", "cuda", "driver", "triton", "diffusers", "gpus")}
 
 
+# What the release transformer's call adds to its weights at its peak (the provider's 50-block call: 6,557 MiB,
+# results/h200-release.json).
+STEP_CALL_BYTES = 6557 * 2**20
+
+
+def check_step(shape: str, device: str, layers: int | None) -> None:
+    """A release step whose transformer cannot fit the GPU is refused before anything is timed, with the number of
+    blocks that would: running out of memory after minutes of ops would waste them."""
+    if shape != "release" or not layers or not device.startswith("cuda"):
+        return
+    from h3gate.model.factory import transformer_skeleton
+    from h3gate.model.presets import RELEASE_CONFIG
+
+    def weights(blocks: int) -> int:
+        skeleton = transformer_skeleton({**RELEASE_CONFIG, "num_layers": blocks})
+        return sum(param.numel() * param.element_size() for param in skeleton.parameters())
+
+    one, two = weights(1), weights(2)
+    need = one + (layers - 1) * (two - one) + STEP_CALL_BYTES
+    free, _ = torch.cuda.mem_get_info(device)
+    if need > free:
+        fit = (free - STEP_CALL_BYTES - one) // (two - one) + 1
+        advice = f"pass --step-layers {fit} or fewer" if fit >= 1 else "use a GPU with more memory"
+        raise ValueError(
+            f"--step-layers {layers}: the release transformer's {layers} blocks and their call take "
+            f"{need / 2**30:.1f} GiB, and {torch.cuda.get_device_name(device)} has {free / 2**30:.1f} GiB free; "
+            f"{advice}"
+        )
+
+
 def check_ops(ops) -> None:
     """An unknown op is refused before anything is timed, never skipped: a report missing an op asked for would pass
     for a complete one."""
@@ -428,6 +458,7 @@ def run(candidate, shape: str, device: str, ops=None, block=True, step_layers: i
     if grad_kind not in OUTPUT_GRADS:
         raise ValueError(f"output gradient {grad_kind!r} is not one of {OUTPUT_GRADS}")
     check_ops(ops)
+    check_step(shape, device, step_layers)
     report = {"shape": shape, "device": device, "machine": machine(), "ceilings": ceilings(device),
               "candidate": candidate.identity(), "output_grad": grad_kind}
     report["ops"] = bench_ops(candidate, shape, device, ops, progress, grad_kind)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, THRESHOLDS
-from h3gate import bounds
+from h3gate import bench, bounds
 from h3gate.cli import main
 from h3gate.files import FileFormatError
 from pytest_h3 import distribution
@@ -147,6 +147,20 @@ def test_an_unknown_candidate(capsys, command):
 def test_bench_refuses_an_unknown_op_before_timing_any(capsys):
     err = refusal(capsys, 2, "bench", "--device", "cpu", "--ops", "swiglu,bogus", "--no-block")
     assert "--ops: unknown ops bogus; choose among linear, " in err  # one line: nothing was timed
+
+
+def test_bench_refuses_a_release_step_the_gpu_cannot_hold_before_timing_any(monkeypatch, capsys):
+    from h3gate.cli import common
+
+    monkeypatch.setattr(common, "device", lambda name: name)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (44 * 2**30, 48 * 2**30))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "a 48 GB GPU")
+    err = refusal(capsys, 2, "bench", "--device", "cuda", "--step-layers", "50")
+    assert ("--step-layers 50: the release transformer's 50 blocks and their call take 68.1 GiB, and a 48 GB GPU has "
+            "44.0 GiB free; pass --step-layers 29 or fewer") in err, err
+    bench.check_step("release", "cuda", 29)  # the advice holds
+    with pytest.raises(ValueError, match="--step-layers 30: "):
+        bench.check_step("release", "cuda", 30)
 
 
 @pytest.mark.parametrize("size", ["lots", "0", "infGB"])

@@ -25,8 +25,9 @@ def _bench(args) -> int:
 
     ops = args.ops.split(",") if args.ops else None
     candidate = common.candidate(args.candidate)
-    with common.refusing(ValueError):  # an unknown op, refused before any timing
+    with common.refusing(ValueError):  # an unknown op or a step that cannot fit, refused before any timing
         bench.check_ops(ops)
+        bench.check_step(shape, device, args.step_layers)
     bench.run(
         candidate,
         shape,
