@@ -181,29 +181,61 @@ def shard(items: list, spec: str) -> tuple[list, list]:
 SIGNALS: list[int] = []
 
 
+# A signal this soon after the first is the same stop delivered twice: timeout(1) signals its command and then the
+# command's process group, so the command gets two SIGTERMs microseconds apart.
+SAME_STOP_S = 1.0
+
+
+def _again(first_at: float, signum: int, restore) -> None:
+    """A signal after the first: within :data:`SAME_STOP_S` the same stop, ignored; later, a second stop, delivered to
+    the handlers from before ours (``restore()`` sets them back) as if ours had never been set."""
+    if time.monotonic() - first_at >= SAME_STOP_S:
+        restore()
+        signal.raise_signal(signum)
+
+
 @contextlib.contextmanager
 def signals_noted():
-    """In one process a Ctrl-C stops the session at once, as pytest's own does; it is also noted in :data:`SIGNALS`.
-    Yields an empty list: no signal is held."""
-    previous = signal.getsignal(signal.SIGINT)
-    if threading.current_thread() is not threading.main_thread() or not callable(previous):
-        yield []
+    """In one process a Ctrl-C stops the session at once, as pytest's own does, and so does a SIGTERM (a scheduler's
+    stop, timeout(1)), which by default would kill the process before it wrote the results of the items that ran: it
+    raises KeyboardInterrupt as a Ctrl-C does, and the summary says what stopped the session. Each is noted in
+    :data:`SIGNALS`. Yields the SIGTERMs received."""
+    received: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield received
         return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    first_at: list[float] = []
 
     def noted(signum, frame):
         SIGNALS.append(signum)
-        previous(signum, frame)
+        previous[signum](signum, frame)
 
-    signal.signal(signal.SIGINT, noted)
+    def stopped(signum, frame):
+        SIGNALS.append(signum)
+        if first_at:
+            _again(first_at[0], signum, restore)
+            return
+        first_at.append(time.monotonic())
+        received.append(signum)
+        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
+
+    ours = {}
+    if callable(previous[signal.SIGINT]):
+        ours[signal.SIGINT] = noted
+    if previous[signal.SIGTERM] == signal.SIG_DFL:  # a handler someone else set keeps its say
+        ours[signal.SIGTERM] = stopped
+
+    def restore():
+        for signum in ours:
+            signal.signal(signum, previous[signum])
+
+    for signum, handler in ours.items():
+        signal.signal(signum, handler)
     try:
-        yield []
+        yield received
     finally:
-        signal.signal(signal.SIGINT, previous)
-
-
-# A signal this soon after the first is the same stop delivered twice: timeout(1) signals its command and then the
-# command's process group, so the controller gets two SIGTERMs microseconds apart.
-SAME_STOP_S = 1.0
+        restore()
 
 
 @contextlib.contextmanager
@@ -211,8 +243,8 @@ def first_signal_held(then=None):
     """Under xdist, the first SIGINT or SIGTERM stops nothing at once: a Ctrl-C reaches the controller and every worker
     (one process group). A worker's generation finishes its step and says where it stopped (:mod:`h3gate.generation.
     resume`); otherwise ``then(signum)`` (a worker: stop after the current item) runs. The controller, still listening,
-    ends once its workers have (one stopped at once would tear them down before they could say). A second signal, at
-    least :data:`SAME_STOP_S` after the first, stops at once. Yields the signals held."""
+    ends once its workers have (one stopped at once would tear them down before they could say). A second stop (see
+    :func:`_again`) stops at once. Yields the signals held."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received
@@ -226,9 +258,7 @@ def first_signal_held(then=None):
 
     def held(signum, frame):
         if first_at:
-            if time.monotonic() - first_at[0] >= SAME_STOP_S:
-                restore()
-                signal.raise_signal(signum)  # to the handler before ours, as if ours had never been set
+            _again(first_at[0], signum, restore)
             return
         first_at.append(time.monotonic())
         received.append(signum)

@@ -367,7 +367,8 @@ def pytest_runtestloop(session):
     traceback of its controller's wait. A preempted item is skipped and stops its session (:mod:`pytest_h3.gate_runner`),
     which pytest and xdist end as interrupted. Under xdist the first signal is held (:func:`pytest_h3.distribution.
     first_signal_held`): a worker outside a generation stops after its current item, and the controller ends when its
-    workers have."""
+    workers have. In one process a SIGTERM outside a generation stops the item it meets, as a Ctrl-C does
+    (:func:`pytest_h3.distribution.signals_noted`), and the summary says so."""
     h3 = session.config.stash.get(SESSION_KEY, None)
     worker = distribution.is_worker(session.config)
 

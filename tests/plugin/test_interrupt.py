@@ -4,6 +4,7 @@ warning); the same command then resumes each generation and says at which step (
 the last saved step was recomputed bitwise). An item that fails once a signal came (its compiler killed by the same
 Ctrl-C) is interrupted, unrecorded, not failed."""
 
+import json
 import os
 import shutil
 import signal
@@ -130,6 +131,39 @@ def test_a_signal_held_stops_at_once_when_it_comes_again_later(monkeypatch):
             assert before == [signal.SIGTERM], "a second stop goes to the handler before, as if none were held"
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+# A gate whose second item meets a scheduler's stop: SIGTERM to its own process.
+TERMINATED_GATE = seeded_gate("terminated", imports="import os\nimport signal\nimport time", body='''
+    if run.params["seed"] == 2:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    return GateResult(GATE, run.params, [Check("x", "relative_l2", 0.0, 1.0, True)])''')
+
+
+def test_a_sigterm_in_one_process_keeps_the_results_of_the_items_that_ran(pytester, monkeypatch):
+    """By default a SIGTERM kills the process at once, with the results and evidence of every item that ran unwritten;
+    here it stops the session as a Ctrl-C does, and the summary says what stopped it."""
+    from h3gate import gates as registry
+
+    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
+    pytester.makepyfile(**TERMINATED_GATE, test_terminated='''
+import pytest
+
+
+@pytest.mark.h3_gate("terminated", seeds=[1, 2])
+def test_terminated(h3_gate):
+    assert h3_gate.run().passed
+''')
+    pytester.syspathinsert()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist", "--h3-device=cpu",
+                                           "--h3-candidate=provider", "-m", "gate")
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.INTERRUPTED, output
+    assert "stopped by SIGTERM after the items that were running: run the same command to run the rest" in output
+    recorded = json.loads((pytester.path / "h3-out" / "results.json").read_text())["results"]
+    assert sorted(recorded) == ["test_terminated.py::test_terminated[seed1]"], output
+    assert (pytester.path / "h3-out" / "evidence.json").is_file(), output
 
 
 # A gate whose first item's compiler dies of the Ctrl-C that reached the whole process group: the signal comes, and
