@@ -290,7 +290,7 @@ RELEASE_CONTRACT = dict(text_tokens=512, latent_frames=37, latent_height=48, lat
 def random_transformer(shape: str, layers: int, device: str):
     """A transformer of ``shape`` with random weights at checkpoint precision, built directly on ``device``: at
     release, :func:`h3gate.model.factory.release_transformer` (61.7 GiB for the 50 blocks, drawn a parameter at a
-    time, so the whole step fits an 80 GB GPU)."""
+    time: never in float32 whole, which took 123 GiB)."""
     from h3gate.model.factory import build_preset, release_transformer
 
     if shape == "small":
