@@ -1,6 +1,6 @@
 """The attention backward at release shape: h3_triton's Gluon kernel against its Triton kernels.
 
-Usage (GPU): python benchmarks/attention_bwd_gluon.py [--stages 2] [--unordered]
+Usage (GPU): python benchmarks/attention_bwd_gluon.py [--stages 2] [--unordered] [--worker-registers 248]
 
 :func:`h3_triton.attention_hopper.backward` forms dK, dV and dQ in one pass over each key block (five products)
 and adds dQ's terms in the order of the key blocks; the Triton kernels (:func:`h3_triton.attention.triton_backward`)
@@ -11,8 +11,11 @@ the provider's whole backward (default SDPA backends) for scale.
 ``--unordered`` also times the kernel with the dQ writers' wait for their turn taken out (each key block's terms
 added as they come, so dQ is no longer repeatable): what adding in the key blocks' order costs, the time a
 scheduler of the ordered adds (such as DASH's shift scheduler for FlashAttention-3's deterministic backward) could
-win back at most. The variant is the module's own source less that one line, loaded as a module of its own (Gluon
-compiles a kernel from its source file); the shipped kernel is not touched.
+win back at most. ``--worker-registers 248,256`` also times the kernel with its second consumer warp group (a worker
+partition, whose loop spills where the default partition's does not: ``attention_sass.py``) given that many
+registers a thread instead of 240, the default partition taking what is left. Each variant is the module's own source
+with that one line changed, loaded as a module of its own (Gluon compiles a kernel from its source file); the shipped
+kernel is not touched.
 """
 
 import argparse
@@ -42,16 +45,17 @@ def backward_inputs():
 
 
 _TURN_WAIT = "        _acquire(locks + i, pid_n)\n"
+_PARTITIONS = "    ], [4, 1, 1, 1], [240, 24, 24, 24])\n"  # warps and registers of the worker partitions
 
 
-def unordered_hopper():
-    """:mod:`h3_triton.attention_hopper` with its dQ writers' wait for their turn taken out."""
+def variant_hopper(option: str, line: str, replacement: str, name: str):
+    """:mod:`h3_triton.attention_hopper` with ``line`` replaced, loaded as module ``name``."""
     source = Path(attention_hopper.__file__).read_text()
-    if source.count(_TURN_WAIT) != 1:
-        raise SystemExit(f"--unordered: the line {_TURN_WAIT.strip()!r} is not once in {attention_hopper.__file__}; "
-                         "update _TURN_WAIT to the dQ writer's wait for its turn")
-    path = Path(tempfile.mkdtemp()) / "attention_hopper_unordered.py"
-    path.write_text(source.replace(_TURN_WAIT, ""))
+    if source.count(line) != 1:
+        raise SystemExit(f"{option}: the line {line.strip()!r} is not once in {attention_hopper.__file__}; "
+                         "update this script to the kernel's source")
+    path = Path(tempfile.mkdtemp()) / f"{name}.py"
+    path.write_text(source.replace(line, replacement))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -64,6 +68,8 @@ def main():
                         "h3_triton's)")
     parser.add_argument("--unordered", action="store_true", help="also time the kernel adding dQ's terms in no set "
                         "order (not repeatable): the cost of the ordered adds")
+    parser.add_argument("--worker-registers", help="comma-separated register counts of the second consumer warp group "
+                        "to time beside the shipped 240")
     args = parser.parse_args()
     label, saved = backward_inputs()
     q = saved[0]
@@ -81,7 +87,11 @@ def main():
     attention_hopper.backward(*saved, *shipped, *scales)
     kernels = {"gluon": attention_hopper.backward}
     if args.unordered:
-        kernels["unordered"] = unordered_hopper().backward
+        kernels["unordered"] = variant_hopper("--unordered", _TURN_WAIT, "", "attention_hopper_unordered").backward
+    for registers in filter(None, (args.worker_registers or "").split(",")):
+        line = _PARTITIONS.replace("[240,", f"[{int(registers)},")
+        kernels[f"worker-{registers}"] = variant_hopper("--worker-registers", _PARTITIONS, line,
+                                                        f"attention_hopper_worker_{registers}").backward
     for (kind, backward), stages in itertools.product(
             kernels.items(), (int(s) for s in (args.stages or str(attention_hopper.BWD_STAGES)).split(","))):
         got, again = grads(), grads()

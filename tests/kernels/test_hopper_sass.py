@@ -70,7 +70,7 @@ def test_a_schedule_that_ptxas_serialises_is_flagged(kernels):
     assert not serialised(kernels["attention_fwd_gluon.py --schedule lockstep"]["loops"])
 
 
-def test_the_unordered_backward_of_the_benchmark_is_the_shipped_one_less_its_turn_wait(monkeypatch):
+def test_the_backward_variants_of_the_benchmark_change_one_line_of_the_shipped_kernel(monkeypatch):
     """``attention_bwd_gluon.py --unordered`` times what the ordered dQ adds cost: its kernel must be the shipped one
     with the dQ writers' wait for their turn taken out, and nothing else."""
     import inspect
@@ -81,8 +81,11 @@ def test_the_unordered_backward_of_the_benchmark_is_the_shipped_one_less_its_tur
     spec = importlib.util.spec_from_file_location("attention_bwd_gluon", ROOT / "benchmarks" / "attention_bwd_gluon.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    variant = bench.unordered_hopper()
+    variant = bench.variant_hopper("--unordered", bench._TURN_WAIT, "", "attention_hopper_unordered")
     shipped = inspect.getsource(attention_hopper._dq_writer.fn)
     assert "_acquire(" in shipped and "_acquire(" not in inspect.getsource(variant._dq_writer.fn)
     assert inspect.getsource(variant).replace(bench._TURN_WAIT, "") == \
         inspect.getsource(attention_hopper).replace(bench._TURN_WAIT, "")
+    # --worker-registers changes the one line that sets the partitions' registers; it must still be the shipped one
+    assert "[240, 24, 24, 24]" in bench._PARTITIONS
+    assert inspect.getsource(attention_hopper).count(bench._PARTITIONS) == 1
