@@ -28,9 +28,13 @@ class Ledger:
         self.crashed_workers: list[str] = []
         self.outside_shard: set[str] = set()  # gate items another shard runs: neither run nor deselected here
         self.preempted: dict[str, str] = {}  # node id -> "preempted at step k/N; ...": a signal stopped its generation
+        self.finished: set[str] = set()  # every item, gate or not, whose run ended: did a signal leave any unrun?
 
     def pytest_runtest_logreport(self, report) -> None:
         self.record_report(report)
+
+    def pytest_runtest_logfinish(self, nodeid, location) -> None:
+        self.finished.add(nodeid)
 
     def pytest_deselected(self, items) -> None:
         self.record_deselected([item for item in items if item.nodeid not in self.outside_shard])

@@ -368,7 +368,8 @@ def pytest_runtestloop(session):
     which pytest and xdist end as interrupted. Under xdist the first signal is held (:func:`pytest_h3.distribution.
     first_signal_held`): a worker outside a generation stops after its current item, and the controller ends when its
     workers have. In one process a SIGTERM outside a generation stops the item it meets, as a Ctrl-C does
-    (:func:`pytest_h3.distribution.signals_noted`), and the summary says so."""
+    (:func:`pytest_h3.distribution.signals_noted`), and the summary says so. A signal that comes once every item has
+    run (a time limit met as the session ends) stops nothing: the exit status is the session's own."""
     h3 = session.config.stash.get(SESSION_KEY, None)
     worker = distribution.is_worker(session.config)
 
@@ -383,7 +384,11 @@ def pytest_runtestloop(session):
         except KeyboardInterrupt:  # a worker's goes on to its controller, which xdist tells by the exit status
             if h3 is None or worker or not (h3.ledger.preempted or received):
                 raise
-            h3.interrupted = signal.Signals(received[0]).name if received else "a signal"
+            name = signal.Signals(received[0]).name if received else "a signal"
+            if h3.ledger.preempted or len(h3.ledger.finished) < session.testscollected:
+                h3.interrupted = name
+            else:  # a scheduler's stop as the session ended: the session is whole, and its exit status says how it went
+                h3.summary.append(f"{name} came after every item had run: nothing is left to run")
             return True
 
 

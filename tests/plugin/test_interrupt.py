@@ -166,6 +166,54 @@ def test_terminated(h3_gate):
     assert (pytester.path / "h3-out" / "evidence.json").is_file(), output
 
 
+# A scheduler's stop that comes as the last item has finished: SIGTERM to the process that reports it (the controller
+# under xdist), after every other hook has seen the item end.
+LATE_SIGTERM = """
+import os
+import signal
+import time
+
+import pytest
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logfinish(nodeid, location):
+    if nodeid.endswith("[seed2]"):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+"""
+
+
+@pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "1"]], ids=["one process", "xdist"])
+def test_a_sigterm_after_every_item_ran_stops_nothing(pytester, monkeypatch, workers):
+    """A time limit met as the session ends (the gates all run, the evidence not yet written) must not send the user
+    to run the same command for a rest that does not exist, nor end a whole, passing session as interrupted."""
+    from h3gate import gates as registry
+
+    monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
+    files = seeded_gate("finished", body='''
+    return GateResult(GATE, run.params, [Check("x", "relative_l2", 0.0, 1.0, True)])''')
+    files["conftest"] += LATE_SIGTERM
+    pytester.makepyfile(**files, test_finished='''
+import pytest
+
+
+@pytest.mark.h3_gate("finished", seeds=[1, 2])
+def test_finished(h3_gate):
+    assert h3_gate.run().passed
+''')
+    pytester.syspathinsert()
+    result = pytester.runpytest_subprocess("-p", "no:cacheprovider", *workers, "--h3-device=cpu",
+                                           "--h3-candidate=provider", "-m", "gate")
+    output = result.stdout.str() + result.stderr.str()
+    assert result.ret == pytest.ExitCode.OK, output
+    assert "SIGTERM came after every item had run: nothing is left to run" in output
+    assert "run the same command" not in output
+    recorded = json.loads((pytester.path / "h3-out" / "results.json").read_text())["results"]
+    assert sorted(recorded) == [f"test_finished.py::test_finished[seed{seed}]" for seed in (1, 2)], output
+    assert (pytester.path / "h3-out" / "evidence.json").is_file(), output
+
+
 # A gate whose first item's compiler dies of the Ctrl-C that reached the whole process group: the signal comes, and
 # the item fails on the compiler's error (a compiler pool turns the interrupt into its own error, as inductor's did).
 KILLED_COMPILER_GATE = seeded_gate("compiling", imports="import os\nimport signal\nimport time", body='''
