@@ -166,8 +166,8 @@ def test_terminated(h3_gate):
     assert (pytester.path / "h3-out" / "evidence.json").is_file(), output
 
 
-# A scheduler's stop that comes as the last item has finished: SIGTERM to the process that reports it (the controller
-# under xdist), after every other hook has seen the item end.
+# A scheduler's stop that comes as the last item has finished, after every other hook has seen it end: SIGTERM to each
+# process of the session (timeout(1)'s reaches xdist's controller and, through the process group, its workers).
 LATE_SIGTERM = """
 import os
 import signal
