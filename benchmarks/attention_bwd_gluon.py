@@ -62,6 +62,12 @@ def variant_hopper(option: str, line: str, replacement: str, name: str):
     return module
 
 
+def worker_registers_hopper(registers: int):
+    """:mod:`h3_triton.attention_hopper` with its second consumer warp group given ``registers`` a thread."""
+    return variant_hopper("--worker-registers", _PARTITIONS, _PARTITIONS.replace("[240,", f"[{registers},"),
+                          f"attention_hopper_worker_{registers}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", help="comma-separated stage counts of the Gluon kernel's ring (default: "
@@ -89,9 +95,7 @@ def main():
     if args.unordered:
         kernels["unordered"] = variant_hopper("--unordered", _TURN_WAIT, "", "attention_hopper_unordered").backward
     for registers in filter(None, (args.worker_registers or "").split(",")):
-        line = _PARTITIONS.replace("[240,", f"[{int(registers)},")
-        kernels[f"worker-{registers}"] = variant_hopper("--worker-registers", _PARTITIONS, line,
-                                                        f"attention_hopper_worker_{registers}").backward
+        kernels[f"worker-{registers}"] = worker_registers_hopper(int(registers)).backward
     for (kind, backward), stages in itertools.product(
             kernels.items(), (int(s) for s in (args.stages or str(attention_hopper.BWD_STAGES)).split(","))):
         got, again = grads(), grads()

@@ -72,7 +72,8 @@ def test_a_schedule_that_ptxas_serialises_is_flagged(kernels):
 
 def test_the_backward_variants_of_the_benchmark_change_one_line_of_the_shipped_kernel(monkeypatch):
     """``attention_bwd_gluon.py --unordered`` times what the ordered dQ adds cost: its kernel must be the shipped one
-    with the dQ writers' wait for their turn taken out, and nothing else."""
+    with the dQ writers' wait for their turn taken out, and nothing else; ``--worker-registers``' kernels the shipped
+    one with the second consumer's registers changed, and nothing else."""
     import inspect
 
     from h3_triton import attention_hopper
@@ -86,6 +87,6 @@ def test_the_backward_variants_of_the_benchmark_change_one_line_of_the_shipped_k
     assert "_acquire(" in shipped and "_acquire(" not in inspect.getsource(variant._dq_writer.fn)
     assert inspect.getsource(variant).replace(bench._TURN_WAIT, "") == \
         inspect.getsource(attention_hopper).replace(bench._TURN_WAIT, "")
-    # --worker-registers changes the one line that sets the partitions' registers; it must still be the shipped one
-    assert "[240, 24, 24, 24]" in bench._PARTITIONS
-    assert inspect.getsource(attention_hopper).count(bench._PARTITIONS) == 1
+    wider = inspect.getsource(bench.worker_registers_hopper(248))
+    assert "[248, 24, 24, 24])" in wider and "[240, 24, 24, 24])" in bench._PARTITIONS
+    assert wider.replace("[248, 24, 24, 24])", "[240, 24, 24, 24])") == inspect.getsource(attention_hopper)
