@@ -244,7 +244,8 @@ def first_signal_held(then=None):
     (one process group). A worker's generation finishes its step and says where it stopped (:mod:`h3gate.generation.
     resume`); otherwise ``then(signum)`` (a worker: stop after the current item) runs. The controller, still listening,
     ends once its workers have (one stopped at once would tear them down before they could say). A second stop (see
-    :func:`_again`) stops at once. Yields the signals held."""
+    :func:`_again`) stops at once. Yields the signals held. A session writing its results and evidence holds them so
+    too, with no ``then``."""
     received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
         yield received

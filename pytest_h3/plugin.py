@@ -405,8 +405,18 @@ def pytest_runtest_protocol(item, nextitem):
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
+    """The results and evidence, written whole: a Ctrl-C or SIGTERM that comes meanwhile (a time limit met as the
+    session ends) waits for them, where it would kill the process with the results of hours of gates unwritten; a
+    second stop, a second or more later, stops at once (:func:`pytest_h3.distribution.first_signal_held`)."""
     h3 = session.config.stash.get(SESSION_KEY, None)
-    if h3 is not None and not h3.finish():
+    if h3 is None:
+        return
+    with distribution.first_signal_held() as received:
+        written = h3.finish()
+    if received:
+        h3.summary.append(f"{signal.Signals(received[0]).name} came as the session wrote its results and evidence: "
+                          "they were written first")
+    if not written:
         session.exitstatus = pytest.ExitCode.INTERNAL_ERROR
-    elif h3 is not None and h3.interrupted:
+    elif h3.interrupted:
         session.exitstatus = pytest.ExitCode.INTERRUPTED

@@ -183,17 +183,41 @@ def pytest_runtest_logfinish(nodeid, location):
         time.sleep(5)
 """
 
+# A scheduler's stop that comes as the session writes its evidence (results.json written, the evidence not yet).
+SIGTERM_WHILE_WRITING = """
+import os
+import signal
+
+from pytest_h3 import session_evidence
+
+_write = session_evidence.write_session_evidence
+
+
+def _terminated_then_written(*args):
+    os.kill(os.getpid(), signal.SIGTERM)
+    return _write(*args)
+
+
+session_evidence.write_session_evidence = _terminated_then_written
+"""
+
 
 @pytest.mark.parametrize("workers", [["-p", "no:xdist"], ["-n", "1"]], ids=["one process", "xdist"])
-def test_a_sigterm_after_every_item_ran_stops_nothing(pytester, monkeypatch, workers):
-    """A time limit met as the session ends (the gates all run, the evidence not yet written) must not send the user
-    to run the same command for a rest that does not exist, nor end a whole, passing session as interrupted."""
+@pytest.mark.parametrize("stop, said", [
+    (LATE_SIGTERM, "SIGTERM came after every item had run: nothing is left to run"),
+    (SIGTERM_WHILE_WRITING, "SIGTERM came as the session wrote its results and evidence: they were written first"),
+], ids=["after the last item", "while the evidence is written"])
+def test_a_sigterm_as_the_session_ends_stops_nothing(pytester, monkeypatch, workers, stop, said):
+    """A time limit met as the session ends (every gate run, its evidence not yet written) must neither kill the process
+    with the evidence unwritten (SIGTERM's default), nor send the user to run the same command for a rest that does not
+    exist, nor end a whole, passing session as interrupted: the results and evidence are written, the summary says
+    when the signal came, and the exit status is the session's own."""
     from h3gate import gates as registry
 
     monkeypatch.setattr(registry, "REGISTRY", dict(registry.REGISTRY))
     files = seeded_gate("finished", body='''
     return GateResult(GATE, run.params, [Check("x", "relative_l2", 0.0, 1.0, True)])''')
-    files["conftest"] += LATE_SIGTERM
+    files["conftest"] += stop
     pytester.makepyfile(**files, test_finished='''
 import pytest
 
@@ -207,7 +231,7 @@ def test_finished(h3_gate):
                                            "--h3-candidate=provider", "-m", "gate")
     output = result.stdout.str() + result.stderr.str()
     assert result.ret == pytest.ExitCode.OK, output
-    assert "SIGTERM came after every item had run: nothing is left to run" in output
+    assert said in output
     assert "run the same command" not in output
     recorded = json.loads((pytester.path / "h3-out" / "results.json").read_text())["results"]
     assert sorted(recorded) == [f"test_finished.py::test_finished[seed{seed}]" for seed in (1, 2)], output
