@@ -25,6 +25,40 @@ def test_small_sections_report_ratios():
     assert "x = provider time / candidate time" in bench.table(report)
 
 
+def test_candidate_and_provider_are_timed_in_turn_and_reported_by_their_median_round(monkeypatch):
+    """A card's clock drift must reach both sides alike: every section times them alternately, round after round,
+    and reports each one's median round, with every round kept."""
+    calls = []
+
+    def timer(who, times):
+        times = iter(times)
+        return lambda: calls.append(who) or next(times)
+
+    timers = {"candidate": timer("candidate", [5.0, 1.0, 2.0]), "provider": timer("provider", [3.0, 9.0, 4.0])}
+    medians, rounds = bench.alternating(timers, 3)
+    assert calls == ["candidate", "provider"] * 3
+    assert medians == {"candidate": 2.0, "provider": 4.0}
+    assert rounds == {"candidate": [5.0, 1.0, 2.0], "provider": [3.0, 9.0, 4.0]}
+
+    order = []
+    monkeypatch.setattr(bench, "median_ms", lambda fn, device: order.append(fn) or 1.0)
+    monkeypatch.setattr(bench, "once_ms", lambda fn, device: order.append(fn) or 1.0)
+    report = bench.run(ProviderCandidate(), "small", "cpu", ops=["swiglu"], step_layers=1, progress=lambda m: None,
+                       rounds=2)
+    (row,) = report["ops"]
+    assert report["rounds"] == 2 and set(row["rounds"]) == {"candidate_fwd_ms", "candidate_fwd_bwd_ms",
+                                                            "provider_fwd_ms", "provider_fwd_bwd_ms"}
+    assert all(values == [1.0, 1.0] for values in row["rounds"].values())
+    assert report["block"]["rounds"]["provider_flash_fwd_bwd_ms"] == [1.0, 1.0]
+    assert list(report["step"]["rounds"]) == ["provider_ms", "candidate_ms"]
+    # ops 4 timers, block 6, step 2, each once a round: a round times every function before the next round starts
+    assert len(order) == 2 * (4 + 6 + 2)
+    assert order[:4] == order[4:8] and len(set(map(id, order[:4]))) == 4
+    assert "medians of 2 rounds" in bench.table(report)
+    with pytest.raises(ValueError, match="--rounds 0: "):
+        bench.alternating(timers, 0)
+
+
 def test_release_path_builds_on_meta(monkeypatch):
     narrow = dict(factory.RELEASE_CONFIG, num_attention_heads=2, attention_head_dim=32, hidden_size=64,
                   ffn_dim=128, text_dim=32, freq_dim=32, time_embed_hidden_dim=64, time_embed_dim=32, rope_freq_dim=4)

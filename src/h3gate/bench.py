@@ -240,9 +240,53 @@ def _rate(work: float, ms: float, unit: str) -> float:
     return work / ms / (1e9 if unit == "flop" else 1e6)  # TFLOP/s or GB/s
 
 
-def bench_ops(candidate, shape: str, device: str, ops=None, progress=print, grad_kind: str = "random") -> list[dict]:
-    """Per op: forward and forward+backward times of candidate and provider, ratios, rates, and the peak memory a
-    forward+backward adds to what its inputs hold."""
+def check_rounds(rounds: int) -> None:
+    """No round would time nothing and report nothing: refused before anything is timed."""
+    if rounds < 1:
+        raise ValueError(f"--rounds {rounds}: every time is the median of at least one round; pass --rounds 1 or more")
+
+
+def alternating(timers: dict, rounds: int) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """(each timer's median, its time of every round): ``rounds`` rounds, each calling every timer (a function
+    returning milliseconds) in turn.
+
+    A ratio of two times taken one after the other reads the card's clock drift as a speed difference: an H100
+    holds its 700 W limit by moving its clock, and one ``do_bench`` median of the same forward+backward moved between
+    12.1 and 15.1 ms within a minute (``results/h100-perf/linear-products/alternating-fwd-bwd.log``). Taken in turns
+    and by the median of rounds, the drift reaches candidate and provider alike; the rounds, kept in the report,
+    show its size.
+    """
+    check_rounds(rounds)
+    times = {name: [] for name in timers}
+    for _ in range(rounds):
+        for name, timer in timers.items():
+            times[name].append(timer())
+    return {name: statistics.median(values) for name, values in times.items()}, times
+
+
+@contextlib.contextmanager
+def _within(contexts):
+    """Inside a fresh instance of each of ``contexts`` (functions making context managers)."""
+    with contextlib.ExitStack() as stack:
+        for context in contexts:
+            stack.enter_context(context())
+        yield
+
+
+def _timer(fn, device: str, contexts=(), measure=None):
+    """A function that times ``fn`` by ``measure(fn, device)`` (default :func:`median_ms`) :func:`_within`
+    ``contexts``: a timer for :func:`alternating`."""
+    def timer() -> float:
+        with _within(contexts):
+            return (measure or median_ms)(fn, device)
+
+    return timer
+
+
+def bench_ops(candidate, shape: str, device: str, ops=None, progress=print, grad_kind: str = "random",
+              rounds: int = 3) -> list[dict]:
+    """Per op: forward and forward+backward times of candidate and provider (:func:`alternating` over ``rounds``),
+    ratios, rates, and the peak memory a forward+backward adds to what its inputs hold."""
     kernel_ops = candidate.kernel_ops()
     rows = []
     for case in cases(SHAPES[shape], device):
@@ -255,18 +299,18 @@ def bench_ops(candidate, shape: str, device: str, ops=None, progress=print, grad
         row = {"op": case.op, "label": case.label, "unit": "TFLOP/s" if case.unit == "flop" else "GB/s"}
         unit = case.unit
         work_fwd, work_bwd = case.work
-        with torch.no_grad():
-            row["candidate_fwd_ms"] = median_ms(lambda inputs=inputs: kernel_ops[case.op](**inputs), device)
-        step = _forward_backward(kernel_ops[case.op], inputs, grad_kind)
-        row["candidate_fwd_bwd_ms"] = median_ms(step, device)
-        row["candidate_peak_mib"] = _peak_mib(step, device)
-        for variant in variants:
-            name = "provider" if variant is None else f"provider_{variant}"
-            with _sdpa(variant):
-                with torch.no_grad():
-                    row[f"{name}_fwd_ms"] = median_ms(lambda inputs=inputs: provider(**inputs), device)
-                step = _forward_backward(provider, inputs, grad_kind)
-                row[f"{name}_fwd_bwd_ms"] = median_ms(step, device)
+        timers, steps = {}, {}
+        for name, fn, variant in [("candidate", kernel_ops[case.op], None)] + [
+                ("provider" if variant is None else f"provider_{variant}", provider, variant) for variant in variants]:
+            sdpa = lambda variant=variant: _sdpa(variant)  # noqa: E731
+            step = _forward_backward(fn, inputs, grad_kind)
+            steps[name] = step, (sdpa,)
+            timers[f"{name}_fwd_ms"] = _timer(lambda fn=fn: fn(**inputs), device, (torch.no_grad, sdpa))
+            timers[f"{name}_fwd_bwd_ms"] = _timer(step, device, (sdpa,))
+        medians, row["rounds"] = alternating(timers, rounds)
+        row.update(medians)
+        for name, (step, contexts) in steps.items():
+            with _within(contexts):
                 row[f"{name}_peak_mib"] = _peak_mib(step, device)
         row["ratio_fwd"] = row["provider_fwd_ms"] / row["candidate_fwd_ms"]
         row["ratio_fwd_bwd"] = row["provider_fwd_bwd_ms"] / row["candidate_fwd_bwd_ms"]
@@ -275,7 +319,7 @@ def bench_ops(candidate, shape: str, device: str, ops=None, progress=print, grad
         bwd_ms = row["candidate_fwd_bwd_ms"] - row["candidate_fwd_ms"]
         row["candidate_bwd_rate"] = _rate(work_bwd, bwd_ms, unit) if bwd_ms > 0 else None
         rows.append(row)
-        del inputs
+        del inputs, steps, timers
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     return rows
@@ -352,8 +396,9 @@ def _peak_mib(fn, device: str) -> float | None:
     return (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
-def bench_block(candidate, shape: str, device: str, progress=print, grad_kind: str = "random") -> dict:
-    """Block 0 forward and forward+backward at the contract input: candidate, provider, provider with flash SDPA."""
+def bench_block(candidate, shape: str, device: str, progress=print, grad_kind: str = "random", rounds: int = 3) -> dict:
+    """Block 0 forward and forward+backward at the contract input: candidate, provider, provider with flash SDPA,
+    in turn over ``rounds`` (:func:`alternating`)."""
     from diffusers.models.attention_dispatch import attention_backend
 
     transformer, config = random_transformer(shape, 1, device)
@@ -370,25 +415,44 @@ def bench_block(candidate, shape: str, device: str, progress=print, grad_kind: s
         leaf = hidden.detach().requires_grad_(True)
         block(leaf, temb, indices, rotary).backward(grad)
 
-    result = {"seq": hidden.shape[1]}
-    for name, backend in (("provider", None), ("provider_flash", "_native_flash")):
-        progress(f"block {name}")
-        with attention_backend(backend) if backend else contextlib.nullcontext():
-            result[f"{name}_fwd_ms"] = median_ms(forward, device)
-            result[f"{name}_fwd_bwd_ms"] = median_ms(forward_backward, device)
+    installed = lambda: candidate.installed(transformer)  # noqa: E731
+    contexts = {"provider": (), "provider_flash": (lambda: attention_backend("_native_flash"),),
+                "candidate": (installed,)}
+    timers = {}
+    for name, context in contexts.items():
+        timers[f"{name}_fwd_ms"] = _timer(forward, device, context)
+        timers[f"{name}_fwd_bwd_ms"] = _timer(forward_backward, device, context)
+    progress(f"block: {', '.join(contexts)} in turn, {rounds} rounds")
+    result, rounds_ms = alternating(timers, rounds)
+    result = {"seq": hidden.shape[1], **result, "rounds": rounds_ms}
+    for name, context in contexts.items():
+        with _within(context):
             result[f"{name}_peak_mib"] = _peak_mib(forward_backward, device)
-    progress("block candidate")
-    with candidate.installed(transformer):
-        result["candidate_fwd_ms"] = median_ms(forward, device)
-        result["candidate_fwd_bwd_ms"] = median_ms(forward_backward, device)
-        result["candidate_peak_mib"] = _peak_mib(forward_backward, device)
     result["ratio_fwd"] = result["provider_fwd_ms"] / result["candidate_fwd_ms"]
     result["ratio_fwd_bwd"] = result["provider_fwd_bwd_ms"] / result["candidate_fwd_bwd_ms"]
     return result
 
 
-def bench_step(candidate, shape: str, device: str, layers: int, progress=print) -> dict:
-    """One whole transformer forward (a denoising step) at the contract input: candidate against provider."""
+def once_ms(fn, device: str) -> float:
+    """One call of ``fn`` in milliseconds after a warm one (CUDA events on a GPU): for a call of seconds, where
+    ``do_bench`` would take five calls to estimate it before the one it times."""
+    fn()
+    if not device.startswith("cuda"):
+        start = time.perf_counter()
+        fn()
+        return (time.perf_counter() - start) * 1e3
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end)
+
+
+def bench_step(candidate, shape: str, device: str, layers: int, progress=print, rounds: int = 3) -> dict:
+    """One whole transformer forward (a denoising step) at the contract input: candidate against provider, in turn
+    over ``rounds`` (:func:`alternating`), each timed by one call after a warm one (:func:`once_ms`)."""
     transformer, config = random_transformer(shape, layers, device)
     inputs = _contract_inputs(shape, config, device)
 
@@ -396,11 +460,12 @@ def bench_step(candidate, shape: str, device: str, layers: int, progress=print) 
         with torch.no_grad():
             transformer(**inputs)
 
-    progress("step provider")
-    result = {"layers": layers, "provider_ms": median_ms(step, device, repeats=3), "provider_peak_mib": _peak_mib(step, device)}
-    progress("step candidate")
-    with candidate.installed(transformer):
-        result["candidate_ms"] = median_ms(step, device, repeats=3)
+    installed = lambda: candidate.installed(transformer)  # noqa: E731
+    progress(f"step: provider, candidate in turn, {rounds} rounds")
+    times, rounds_ms = alternating({"provider_ms": _timer(step, device, (), once_ms),
+                                    "candidate_ms": _timer(step, device, (installed,), once_ms)}, rounds)
+    result = {"layers": layers, **times, "rounds": rounds_ms, "provider_peak_mib": _peak_mib(step, device)}
+    with installed():
         result["candidate_peak_mib"] = _peak_mib(step, device)
     result["ratio"] = result["provider_ms"] / result["candidate_ms"]
     return result
@@ -453,21 +518,22 @@ def check_ops(ops) -> None:
 
 
 def run(candidate, shape: str, device: str, ops=None, block=True, step_layers: int | None = None, progress=print,
-        on_section=lambda report: None, grad_kind: str = "random") -> dict:
+        on_section=lambda report: None, grad_kind: str = "random", rounds: int = 3) -> dict:
     """Every section in turn; ``on_section`` sees the report after each, so a later failure loses nothing."""
     if grad_kind not in OUTPUT_GRADS:
         raise ValueError(f"output gradient {grad_kind!r} is not one of {OUTPUT_GRADS}")
     check_ops(ops)
     check_step(shape, device, step_layers)
+    check_rounds(rounds)
     report = {"shape": shape, "device": device, "machine": machine(), "ceilings": ceilings(device),
-              "candidate": candidate.identity(), "output_grad": grad_kind}
-    report["ops"] = bench_ops(candidate, shape, device, ops, progress, grad_kind)
+              "candidate": candidate.identity(), "output_grad": grad_kind, "rounds": rounds}
+    report["ops"] = bench_ops(candidate, shape, device, ops, progress, grad_kind, rounds)
     on_section(report)
     if block:
-        report["block"] = bench_block(candidate, shape, device, progress, grad_kind)
+        report["block"] = bench_block(candidate, shape, device, progress, grad_kind, rounds)
         on_section(report)
     if step_layers:
-        report["step"] = bench_step(candidate, shape, device, step_layers, progress)
+        report["step"] = bench_step(candidate, shape, device, step_layers, progress, rounds)
         on_section(report)
     return report
 
@@ -516,4 +582,7 @@ def table(report: dict) -> str:
         lines.append(f"ceilings: bf16 GEMM {ceiling['bf16_gemm_tflops']:.0f} TFLOP/s, copy {ceiling['copy_gbps']:.0f} GB/s")
     lines.append("x = provider time / candidate time (above 1: candidate faster); MiB: peak memory a forward+backward "
                  "adds (GPU only)")
+    if "rounds" in report:
+        lines.append(f"times: medians of {report['rounds']} rounds, candidate and provider timed in turn in each "
+                     "(every round's time is in the JSON report)")
     return "\n".join(line.rstrip() for line in lines)

@@ -149,6 +149,12 @@ def test_bench_refuses_an_unknown_op_before_timing_any(capsys):
     assert "--ops: unknown ops bogus; choose among linear, " in err  # one line: nothing was timed
 
 
+def test_bench_refuses_no_rounds_before_timing_any(capsys):
+    err = refusal(capsys, 2, "bench", "--device", "cpu", "--ops", "swiglu", "--no-block", "--rounds", "0")
+    assert "--rounds 0: every time is the median of at least one round; pass --rounds 1 or more" in err
+    assert "timing" not in err
+
+
 def test_bench_refuses_a_release_step_the_gpu_cannot_hold_before_timing_any(monkeypatch, capsys):
     from h3gate.cli import common
 

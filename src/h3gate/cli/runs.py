@@ -25,9 +25,10 @@ def _bench(args) -> int:
 
     ops = args.ops.split(",") if args.ops else None
     candidate = common.candidate(args.candidate)
-    with common.refusing(ValueError):  # an unknown op or a step that cannot fit, refused before any timing
+    with common.refusing(ValueError):  # an unknown op, a step that cannot fit, no round: refused before any timing
         bench.check_ops(ops)
         bench.check_step(shape, device, args.step_layers)
+        bench.check_rounds(args.rounds)
     bench.run(
         candidate,
         shape,
@@ -38,6 +39,7 @@ def _bench(args) -> int:
         progress=lambda message: print(f"  timing {message}", file=sys.stderr, flush=True),
         on_section=save,
         grad_kind=args.output_grad,
+        rounds=args.rounds,
     )
     return 0
 
@@ -83,7 +85,8 @@ def add_commands(commands) -> None:
     bench = commands.add_parser(
         "bench",
         help="time the candidate against the provider: every op forward and backward, one block, one transformer step",
-        description="Times are medians (triton.testing.do_bench on a GPU); every ratio is provider time / candidate "
+        description="Times are medians (triton.testing.do_bench on a GPU) over rounds that time candidate and provider "
+        "in turn; every ratio is provider time / candidate "
         "time measured in the same process, every rate is also given as a fraction of the GEMM and copy ceilings "
         "measured in the same run. On CPU the kernels run under Triton's interpreter: the numbers only show the "
         "command works.",
@@ -97,6 +100,10 @@ def add_commands(commands) -> None:
     bench.add_argument("--output-grad", choices=("random", "ones"), default="random",
                        help="the gradient backward passes start from: seeded normal, or all ones (a degenerate operand "
                        "from which backward passes run faster than from a real gradient)")
+    bench.add_argument("--rounds", type=int, default=3,
+                       help="time candidate and provider in turn this many times and report each one's median "
+                       "(default: 3): a card that moves its clock under its power limit reads the drift between two "
+                       "times taken one after the other as a speed difference")
     bench.add_argument("-o", "--out", default=None, help="write the JSON report here (e.g. benchmarks/results/h200.json)")
     bench.set_defaults(run=_bench)
 
