@@ -104,3 +104,19 @@ def test_host_profile_plans_the_candidates_host_code_anywhere():
     assert "ms of host code a call" in done.stdout and "Ordered by: internal time" in done.stdout
     refused = subprocess.run([sys.executable, str(script), *small], capture_output=True, text=True, timeout=300)
     assert refused.returncode == 2 and "pass --device cuda, or --plan" in refused.stderr
+
+
+def test_peak_memory_is_that_of_a_warm_call(monkeypatch):
+    """A candidate's first call after it is installed also runs the op contract's check; the peak reported is a
+    steady call's."""
+    state = {"calls": 0, "peak": 0}
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: state.update(peak=0))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: state["peak"])
+
+    def call():
+        state["calls"] += 1
+        state["peak"] = max(state["peak"], (100 if state["calls"] == 1 else 10) * 2**20)
+
+    assert bench._peak_mib(call, "cuda") == 10 and state["calls"] == 2
