@@ -5,8 +5,9 @@ Usage (GPU): python benchmarks/gemm_products.py [--cases to_out,ff up] [--tiling
 ``h3gate bench`` times a projection's forward+backward as one number; this splits it into its three products,
 y = x W^T, dX = dY W and dW = dY^T x (the bench's linear cases have no bias), each called as ``linear``'s own
 backward calls it (``gemm._matmul`` with the same views) and beside it the matrix product torch's autograd runs
-for the provider. Each is timed alone with ``triton.testing.do_bench`` (median of CUDA-event timings, warm),
-from the same seeded random inputs and output gradient as the bench. ``--tilings`` forces each tiling
+for the provider. Each is timed alone with ``triton.testing.do_bench`` (median of CUDA-event timings, warm), it and
+cuBLAS's in turn over ``--rounds`` (the medians printed, as ``h3gate bench`` takes them), from the same seeded random
+inputs and output gradient as the bench. ``--tilings`` forces each tiling
 (BLOCK_M x BLOCK_N x num_warps x num_stages, ``gG`` for GROUP_M) on the TMA kernel that runs these products and
 prints every product again; the bits must not move with the tiling (the K order is fixed), and any that do are
 printed as a defect. ``--profile dX`` runs that product once, h3_triton's then the provider's, in a CUDA
@@ -20,7 +21,7 @@ import torch
 import triton
 
 from h3_triton import gemm
-from h3gate.bench import SHAPES, cases, median_ms, output_grad
+from h3gate.bench import SHAPES, alternating, cases, median_ms, output_grad
 from profile_op import profiled
 
 
@@ -57,17 +58,23 @@ def forced(config: triton.Config | None):
     return contextlib.nullcontext() if config is None else gemm._DESCRIBED.forcing(config)
 
 
+def _timed(fn, device: str, config: triton.Config | None) -> float:
+    with forced(config):
+        return median_ms(fn, device)
+
+
 def run(label: str, case_products: dict, flops: float, device: str, config: triton.Config | None,
-        reference: dict) -> None:
-    """One line per product: h3_triton's and the provider's ms, TFLOP/s and ratio; bits against ``reference``."""
+        reference: dict, rounds: int) -> None:
+    """One line per product: h3_triton's and the provider's ms (medians of ``rounds`` rounds timed in turn,
+    :func:`h3gate.bench.alternating`), TFLOP/s and ratio; bits against ``reference``."""
     for name, (candidate, provider, result) in case_products.items():
         with forced(config):
             candidate()
         bits = reference.setdefault(name, result.clone())
         same = "" if torch.equal(bits, result) else "  BITS DIFFER from the default tiling"
-        with forced(config):
-            ms = median_ms(candidate, device)
-        provider_ms = median_ms(provider, device)
+        medians, _ = alternating({"candidate": lambda: _timed(candidate, device, config),
+                                  "provider": lambda: median_ms(provider, device)}, rounds)
+        ms, provider_ms = medians["candidate"], medians["provider"]
         print(f"  {label} {name}: {ms:.3f} ms ({flops / ms / 1e9:.0f} TFLOP/s), provider {provider_ms:.3f} ms "
               f"({flops / provider_ms / 1e9:.0f}), {provider_ms / ms:.2f}x{same}", flush=True)
 
@@ -79,6 +86,8 @@ def main(argv=None) -> None:
     parser.add_argument("--tilings", default="", help="comma-separated BLOCK_MxBLOCK_Nxwarpsxstages[gGROUP_M]")
     parser.add_argument("--profile", choices=("forward", "dX", "dW"),
                         help="run this product once in a profiler range for ncu instead of timing")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="time each product and cuBLAS's in turn this many times, and print the medians (default: 3)")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="release")
     parser.add_argument("--device", default="cuda")
     args = parser.parse_args(argv)
@@ -101,7 +110,7 @@ def main(argv=None) -> None:
         for config in configs:
             label = "default" if config is None else f"{config.kwargs['BLOCK_M']}x{config.kwargs['BLOCK_N']}" \
                 f"x{config.num_warps}x{config.num_stages}g{config.kwargs['GROUP_M']}"
-            run(label, case_products, flops, args.device, config, reference)
+            run(label, case_products, flops, args.device, config, reference, args.rounds)
 
 
 if __name__ == "__main__":

@@ -92,6 +92,20 @@ def test_profile_script_runs_its_small_path():
     assert "profiled silu_linear adaln 3x128->4608, provider, forward+backward" in done.stdout
 
 
+def test_gemm_products_script_runs_its_small_path():
+    """benchmarks/gemm_products.py times linear's products on the GPU machine: its CPU path is the same code, a
+    tiling forced on the TMA kernel and the bits compared with the default tiling's."""
+    script = ROOT / "benchmarks" / "gemm_products.py"
+    done = subprocess.run([sys.executable, str(script), "--cases", "to_out", "--tilings", "64x64x4x2g4", "--rounds",
+                           "1", "--shape", "small", "--device", "cpu"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "linear to_out 467x256->256" and len(lines) == 7, done.stdout
+    assert all(f" {label} {product}: " in line for line, (label, product) in zip(
+        lines[1:], [(label, product) for label in ("default", "64x64x4x2g4") for product in ("forward", "dX", "dW")]))
+    assert "DIFFER" not in done.stdout
+
+
 def test_host_profile_plans_the_candidates_host_code_anywhere():
     """benchmarks/host_profile.py --plan times the candidate's own host code with no kernel launched; timing the
     enqueue itself needs a GPU, and asking for it elsewhere says how to get the planned reading instead."""
