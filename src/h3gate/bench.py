@@ -283,6 +283,19 @@ def _timer(fn, device: str, contexts=(), measure=None):
     return timer
 
 
+def _in_turn(sides: dict, peak_key: str, device: str, rounds: int, measure=None) -> dict:
+    """Each side's functions (``sides``: side -> (contexts, {key: fn})) timed :func:`_within` its contexts, every
+    function of every side in turn over ``rounds`` (:func:`alternating`): ``{side}_{key}`` medians, every round
+    under ``rounds``, and each side's ``{side}_peak_mib`` of its function ``peak_key``."""
+    timers = {f"{side}_{key}": _timer(fn, device, contexts, measure)
+              for side, (contexts, fns) in sides.items() for key, fn in fns.items()}
+    result, rounds_ms = alternating(timers, rounds)
+    for side, (contexts, fns) in sides.items():
+        with _within(contexts):
+            result[f"{side}_peak_mib"] = _peak_mib(fns[peak_key], device)
+    return {**result, "rounds": rounds_ms}
+
+
 def bench_ops(candidate, shape: str, device: str, ops=None, progress=print, grad_kind: str = "random",
               rounds: int = 3) -> list[dict]:
     """Per op: forward and forward+backward times of candidate and provider (:func:`alternating` over ``rounds``),
@@ -299,19 +312,13 @@ def bench_ops(candidate, shape: str, device: str, ops=None, progress=print, grad
         row = {"op": case.op, "label": case.label, "unit": "TFLOP/s" if case.unit == "flop" else "GB/s"}
         unit = case.unit
         work_fwd, work_bwd = case.work
-        timers, steps = {}, {}
+        sides = {}
         for name, fn, variant in [("candidate", kernel_ops[case.op], None)] + [
                 ("provider" if variant is None else f"provider_{variant}", provider, variant) for variant in variants]:
-            sdpa = lambda variant=variant: _sdpa(variant)  # noqa: E731
-            step = _forward_backward(fn, inputs, grad_kind)
-            steps[name] = step, (sdpa,)
-            timers[f"{name}_fwd_ms"] = _timer(lambda fn=fn: fn(**inputs), device, (torch.no_grad, sdpa))
-            timers[f"{name}_fwd_bwd_ms"] = _timer(step, device, (sdpa,))
-        medians, row["rounds"] = alternating(timers, rounds)
-        row.update(medians)
-        for name, (step, contexts) in steps.items():
-            with _within(contexts):
-                row[f"{name}_peak_mib"] = _peak_mib(step, device)
+            sides[name] = ((lambda variant=variant: _sdpa(variant),),
+                           {"fwd_ms": torch.no_grad()(lambda fn=fn: fn(**inputs)),
+                            "fwd_bwd_ms": _forward_backward(fn, inputs, grad_kind)})
+        row.update(_in_turn(sides, "fwd_bwd_ms", device, rounds))
         row["ratio_fwd"] = row["provider_fwd_ms"] / row["candidate_fwd_ms"]
         row["ratio_fwd_bwd"] = row["provider_fwd_bwd_ms"] / row["candidate_fwd_bwd_ms"]
         row["candidate_fwd_rate"] = _rate(work_fwd, row["candidate_fwd_ms"], unit)
@@ -319,7 +326,7 @@ def bench_ops(candidate, shape: str, device: str, ops=None, progress=print, grad
         bwd_ms = row["candidate_fwd_bwd_ms"] - row["candidate_fwd_ms"]
         row["candidate_bwd_rate"] = _rate(work_bwd, bwd_ms, unit) if bwd_ms > 0 else None
         rows.append(row)
-        del inputs, steps, timers
+        del inputs, sides
         if device.startswith("cuda"):
             torch.cuda.empty_cache()
     return rows
@@ -419,19 +426,12 @@ def bench_block(candidate, shape: str, device: str, progress=print, grad_kind: s
         leaf = hidden.detach().requires_grad_(True)
         block(leaf, temb, indices, rotary).backward(grad)
 
-    installed = lambda: candidate.installed(transformer)  # noqa: E731
     contexts = {"provider": (), "provider_flash": (lambda: attention_backend("_native_flash"),),
-                "candidate": (installed,)}
-    timers = {}
-    for name, context in contexts.items():
-        timers[f"{name}_fwd_ms"] = _timer(forward, device, context)
-        timers[f"{name}_fwd_bwd_ms"] = _timer(forward_backward, device, context)
+                "candidate": (lambda: candidate.installed(transformer),)}
     progress(f"block: {', '.join(contexts)} in turn, {rounds} rounds")
-    result, rounds_ms = alternating(timers, rounds)
-    result = {"seq": hidden.shape[1], **result, "rounds": rounds_ms}
-    for name, context in contexts.items():
-        with _within(context):
-            result[f"{name}_peak_mib"] = _peak_mib(forward_backward, device)
+    fns = {"fwd_ms": forward, "fwd_bwd_ms": forward_backward}
+    sides = {side: (context, fns) for side, context in contexts.items()}
+    result = {"seq": hidden.shape[1], **_in_turn(sides, "fwd_bwd_ms", device, rounds)}
     result["ratio_fwd"] = result["provider_fwd_ms"] / result["candidate_fwd_ms"]
     result["ratio_fwd_bwd"] = result["provider_fwd_bwd_ms"] / result["candidate_fwd_bwd_ms"]
     return result
@@ -464,13 +464,9 @@ def bench_step(candidate, shape: str, device: str, layers: int, progress=print, 
         with torch.no_grad():
             transformer(**inputs)
 
-    installed = lambda: candidate.installed(transformer)  # noqa: E731
     progress(f"step: provider, candidate in turn, {rounds} rounds")
-    times, rounds_ms = alternating({"provider_ms": _timer(step, device, (), once_ms),
-                                    "candidate_ms": _timer(step, device, (installed,), once_ms)}, rounds)
-    result = {"layers": layers, **times, "rounds": rounds_ms, "provider_peak_mib": _peak_mib(step, device)}
-    with installed():
-        result["candidate_peak_mib"] = _peak_mib(step, device)
+    sides = {"provider": ((), {"ms": step}), "candidate": ((lambda: candidate.installed(transformer),), {"ms": step})}
+    result = {"layers": layers, **_in_turn(sides, "ms", device, rounds, once_ms)}
     result["ratio"] = result["provider_ms"] / result["candidate_ms"]
     return result
 
