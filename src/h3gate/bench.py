@@ -583,6 +583,8 @@ def table(report: dict) -> str:
     lines.append("x = provider time / candidate time (above 1: candidate faster); MiB: peak memory a forward+backward "
                  "adds (GPU only)")
     if "rounds" in report:
-        lines.append(f"times: medians of {report['rounds']} rounds, candidate and provider timed in turn in each "
-                     "(every round's time is in the JSON report)")
+        rounds = report["rounds"]
+        taken = f"medians of {rounds} rounds" if rounds > 1 else "one round"
+        lines.append(f"times: {taken}, candidate and provider timed in turn in each (every round's time is in the JSON "
+                     "report)")
     return "\n".join(line.rstrip() for line in lines)
