@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from h3gate import op_registry
-from h3gate.candidates import CandidateError, ProviderCandidate, replace
+from h3gate.candidates import CandidateError, ProviderCandidate, op_invariants, replace
 from h3gate.gates import kernel as kernel_gate, model as model_gate
 
 
@@ -46,6 +46,22 @@ def test_a_kernel_keeping_the_contract_passes_it(tiny, tiny_contract, tiny_model
     result = model_gate.check(tiny, replace("keeps-contract", {"swiglu": op_registry.swiglu})(), tiny_contract,
                               tiny_model_bounds, "cpu")
     assert result.passed, result.report()
+
+
+def test_each_ops_first_call_alone_is_held_and_counted():
+    """A held call runs the provider's op beside the kernel: :func:`op_invariants.calls_held` lets a caller
+    measuring memory tell those calls apart."""
+    def breach(op, problem):
+        raise AssertionError(f"{op}: {problem}")
+
+    checked = op_invariants.first_calls_checked({"swiglu": lambda h: op_registry.swiglu(h)},
+                                                op_registry.provider_ops(), breach)
+    h = torch.randn(2, 16)
+    before = op_invariants.calls_held()
+    checked["swiglu"](h)
+    assert op_invariants.calls_held() == before + 1
+    checked["swiglu"](h)
+    assert op_invariants.calls_held() == before + 1
 
 
 BROKEN = '''

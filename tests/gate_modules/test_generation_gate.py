@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from broken import AudioTakesTextModulation
-from h3gate import bounds as bounds_mod, candidates
-from h3gate.candidates import Candidate, ProviderCandidate, source_digest
+from h3gate import bounds as bounds_mod, candidates, op_registry
+from h3gate.candidates import Candidate, ProviderCandidate, replace, source_digest
 from h3gate.files import FileFormatError, sha256_file
 from h3gate.gates import generation as gate, passes
 from h3gate.generation import contract as generation_contract, resume
@@ -283,6 +283,16 @@ def test_verify_last_step_catches_a_nondeterministic_candidate(setup):
     assert setup.check(ProviderCandidate()).passed  # its saved run, whichever test (or xdist worker) came first
     verified = setup.check(ProviderCandidate(), verify_last_step=True)
     assert verified.passed and verified.context["workflows"]["fl2va"]["candidate_run"]["verified_step"] == 2
+
+
+def test_the_call_peak_is_the_candidates_own_apart_from_calls_holding_an_op_to_its_contract(setup):
+    """The first call of a run holds each replaced op to the op contract, running the provider's op beside it: its
+    peak is reported apart, and the transformer call's peak is the other calls'."""
+    result = setup.check(replace("held-once", {"swiglu": lambda h: op_registry.swiglu(h)})(), seed=43)
+    assert result.passed, result.report()
+    costs = result.context["workflows"]["fl2va"]["candidate_run"]["costs"]
+    assert len(costs["transformer_call_seconds"]) == 3 and costs["transformer_calls_contract_held"] == [0]
+    assert costs["transformer_call_peak_memory_bytes"] > 0 and costs["contract_held_call_peak_memory_bytes"] > 0
 
 
 def test_the_model_gate_must_pass_first(setup):

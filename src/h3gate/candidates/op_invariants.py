@@ -14,6 +14,15 @@ from typing import Callable
 
 import torch
 
+_held = 0  # first calls held to the contract in this process: :func:`calls_held`
+
+
+def calls_held() -> int:
+    """How many first calls this process has held to the contract. A held call also copies its inputs and runs the
+    provider's op beside the kernel, so a caller measuring a call's memory reads this before and after the call to
+    tell such calls from the candidate's own (:mod:`h3gate.gates.generation`)."""
+    return _held
+
 
 def shares_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Whether the memory under ``a`` and ``b`` overlaps: any view of one buffer shares it whole."""
@@ -60,6 +69,8 @@ def _checked(name: str, kernel: Callable, provider: Callable, on_breach: Callabl
         if out is NotImplemented:
             return out
         pending.clear()
+        global _held
+        _held += 1
         changed = [key for key, value in inputs.items() if not _same(value.detach(), before[key])]
         if changed:
             on_breach(name, f"changed its input(s) {', '.join(changed)} in place")
