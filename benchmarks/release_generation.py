@@ -42,10 +42,12 @@ def peak_rss_gib() -> float:
 
 def peak_gib(costs: dict) -> float:
     """A run's peak GPU memory: the largest of its parts' (each part resets torch's peak, so the run's own reading
-    would be its last decode's)."""
+    would be its last decode's), the transformer calls that held ops to the op contract among them: what the gate's
+    run needs."""
     parts = [*costs["decode"].values(), costs["encoding"].get("text_encoder_and_all_encodings", {})]
     peaks = [part["peak_memory_bytes"] for part in parts if "peak_memory_bytes" in part]
-    return max([*peaks, costs["transformer_call_peak_memory_bytes"] or 0]) / GIB
+    calls = [costs["transformer_call_peak_memory_bytes"], costs["contract_held_call_peak_memory_bytes"]]
+    return max([*peaks, *(peak for peak in calls if peak is not None)]) / GIB
 
 
 def main() -> int:
