@@ -76,6 +76,19 @@ def is_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
+def check_paths(config) -> None:
+    """Each path given on the command line must exist, as pytest itself checks without xdist.
+
+    Under xdist the controller collects nothing and the workers drop a path they cannot find, so a mistyped path ran
+    as "no tests ran" (exit 5) with no error line (pytest-xdist issue #109): the controller checks them before any
+    worker starts, with pytest's own words. ``--pyargs`` names modules, not paths, and is left to the workers."""
+    if config.option.pyargs or config.args_source != pytest.Config.ArgsSource.ARGS:
+        return
+    for arg in config.args:
+        if not (config.invocation_params.dir / arg.split("::")[0]).exists():
+            raise pytest.UsageError(f"file or directory not found: {arg}")
+
+
 def worker_name(config) -> str:
     """The xdist worker's id (gw0, gw1, ...), or ``main`` for a session of one process."""
     return config.workerinput["workerid"] if is_worker(config) else "main"

@@ -70,6 +70,8 @@ def pytest_configure(config):
     h3 = config.stash[SESSION_KEY] = H3Session(config, settings)
     if not distribution.is_worker(config):  # the controller checks; its workers inherit good settings
         h3.sign_key = validate(settings, getattr(config.option, "numprocesses", None))
+        if _xdist_workers(config):
+            distribution.check_paths(config)
     config.pluginmanager.register(h3.ledger, f"h3-ledger-{id(config)}")
 
 

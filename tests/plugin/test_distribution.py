@@ -288,3 +288,14 @@ def test_a_test_leaves_the_environment_it_found(pytester):
             assert os.environ["PATH"] != "changed" and "HOME" in os.environ
     """)
     pytester.runpytest_subprocess("-p", "no:cacheprovider", "-p", "no:xdist").assert_outcomes(passed=2)
+
+
+def test_a_missing_path_under_xdist_is_named_not_run_as_an_empty_session(pytester):
+    """Under xdist the controller collects nothing and the workers drop a path they cannot find: a mistyped path ran
+    as "no tests ran" (exit 5) with no error line. The controller names it as pytest does without -n."""
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    missing = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "test_one.py", "tests/gatez")
+    assert missing.ret == pytest.ExitCode.USAGE_ERROR
+    missing.stderr.fnmatch_lines(["ERROR: file or directory not found: tests/gatez"])
+    found = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "test_one.py::test_one")
+    found.assert_outcomes(passed=1)
