@@ -484,7 +484,7 @@ def _call_peaks(peaks: list[int], held: list[bool]) -> dict:
     """The transformer calls' peak memory: the highest of the calls that held no op to the op contract (the
     candidate's own; None where every call of this process did), and of those that did, apart: such a call also
     copies an op's inputs and runs the provider's op beside it (:mod:`h3gate.candidates.op_invariants`), memory the
-    candidate does not use: a release block's forward+backward peaks at 14.1 GiB on such a call, 10.3 on later ones.
+    candidate does not use: a release block's forward+backward peaks at 13.8 GiB on such a call, 10.1 on later ones.
     On CPU every peak is the process's whole run (:func:`h3gate.generation.pipeline.measured`)."""
     return {
         "transformer_call_peak_memory_bytes": max((p for p, h in zip(peaks, held) if not h), default=None),
