@@ -89,6 +89,34 @@ def check_paths(config) -> None:
             raise pytest.UsageError(f"file or directory not found: {arg}")
 
 
+WORKER_USAGE_ERRORS = "h3_usage_errors"  # a worker's workeroutput key: the usage error that stopped its collection
+usage_errors_key = pytest.StashKey[list]()
+
+
+def keep_usage_error(config, error: pytest.UsageError) -> None:
+    """Worker: hand the usage error that stopped its collection to the controller. pytest's "not found" for a node id
+    that names no test in an existing file is raised in each worker's collection, which xdist neither prints nor
+    counts, so the run ended as "no tests ran" (pytest-xdist issue #109)."""
+    if is_worker(config):
+        config.workeroutput[WORKER_USAGE_ERRORS] = [str(arg) for arg in error.args]
+
+
+def note_usage_errors(config, node) -> None:
+    """Controller: keep the usage error a worker handed over (:func:`keep_usage_error`), once (every worker collects
+    the same arguments)."""
+    errors = getattr(node, "workeroutput", {}).get(WORKER_USAGE_ERRORS)
+    if errors and not config.stash.get(usage_errors_key, None):
+        config.stash[usage_errors_key] = errors
+
+
+def raise_usage_errors(config) -> None:
+    """Controller, once its workers are down: stop with the workers' usage error in pytest's words and exit status, as
+    pytest without -n does."""
+    errors = config.stash.get(usage_errors_key, None)
+    if errors:
+        raise pytest.UsageError(*errors)
+
+
 def worker_name(config) -> str:
     """The xdist worker's id (gw0, gw1, ...), or ``main`` for a session of one process."""
     return config.workerinput["workerid"] if is_worker(config) else "main"

@@ -363,6 +363,21 @@ def h3_bounds(request, h3_session, record_property):
 
 
 @pytest.hookimpl(wrapper=True)
+def pytest_collection(session):
+    """A worker's collection stopped by a usage error hands it to the controller (:mod:`pytest_h3.distribution`)."""
+    try:
+        return (yield)
+    except pytest.UsageError as error:
+        distribution.keep_usage_error(session.config, error)
+        raise
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    distribution.note_usage_errors(node.config, node)
+
+
+@pytest.hookimpl(wrapper=True)
 def pytest_runtestloop(session):
     """A Ctrl-C (or a scheduler's SIGTERM) ends a session in one line of its summary for each generation it preempted,
     "preempted at step k/N; run the same command to resume": not pytest's KeyboardInterrupt banner, nor xdist's
@@ -382,7 +397,9 @@ def pytest_runtestloop(session):
     with distribution.first_signal_held(stop_after_the_item if worker else None) if holding \
             else distribution.signals_noted() as received:
         try:
-            return (yield)
+            result = yield
+            distribution.raise_usage_errors(session.config)
+            return result
         except KeyboardInterrupt:  # a worker's goes on to its controller, which xdist tells by the exit status
             if h3 is None or worker or not (h3.ledger.preempted or received):
                 raise

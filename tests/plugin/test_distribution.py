@@ -299,3 +299,12 @@ def test_a_missing_path_under_xdist_is_named_not_run_as_an_empty_session(pyteste
     missing.stderr.fnmatch_lines(["ERROR: file or directory not found: tests/gatez"])
     found = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "test_one.py::test_one")
     found.assert_outcomes(passed=1)
+
+
+def test_a_node_id_that_matches_nothing_under_xdist_is_named_not_run_as_an_empty_session(pytester):
+    """A node id of an existing file that names no test: each worker's collection stops on pytest's "not found"
+    usage error, which xdist keeps to the worker, so the run printed only "no tests ran". The controller says it."""
+    pytester.makepyfile(test_one="def test_one():\n    pass\n")
+    missing = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-n", "2", "test_one.py::test_two")
+    assert missing.ret == pytest.ExitCode.USAGE_ERROR
+    missing.stderr.fnmatch_lines(["ERROR: not found: *test_one.py::test_two*"])
