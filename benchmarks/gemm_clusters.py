@@ -7,7 +7,8 @@ Usage (any machine): PYTHONPATH=.venv/triton-3.6:kernels:src:benchmarks TRITON_I
 cuBLAS runs the block's projections in clusters of two CTAs (``results/h100-perf/linear-products/ncu-*.csv``:
 cluster size 2, kernels ``nvjet_sm90_tst_..._2x1`` or ``_1x2``), whose TMA loads can multicast a tile of the operand
 the two share, so it leaves L2 once for both. Under Nsight Compute its products keep the SMs 96.3-98.4% busy
-against h3_triton's 94.6-96.9% at the same clock (within 0.3%), which is the gap of the bench's ratios. A multicast
+against h3_triton's 94.6-96.9% at the same clock (within 0.3% in three of the four products profiled), the gap of
+the bench's ratios. A multicast
 load is a ``cp.async.bulk.tensor`` with ``.multicast::cluster`` in the PTX; this prints, per ``num_ctas``, the
 cluster the kernel asks for, the shared memory of each CTA, its TMA loads and how many of them multicast. With
 Triton 3.6, ``num_ctas=2`` gives a cluster of two that splits the tile's columns between its CTAs (131 KB of shared
