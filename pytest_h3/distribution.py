@@ -101,12 +101,12 @@ def keep_usage_error(config, error: pytest.UsageError) -> None:
         config.workeroutput[WORKER_USAGE_ERRORS] = [str(arg) for arg in error.args]
 
 
-def note_usage_errors(config, node) -> None:
+def note_usage_errors(node) -> None:
     """Controller: keep the usage error a worker handed over (:func:`keep_usage_error`), once (every worker collects
     the same arguments)."""
     errors = getattr(node, "workeroutput", {}).get(WORKER_USAGE_ERRORS)
-    if errors and not config.stash.get(usage_errors_key, None):
-        config.stash[usage_errors_key] = errors
+    if errors and not node.config.stash.get(usage_errors_key, None):
+        node.config.stash[usage_errors_key] = errors
 
 
 def raise_usage_errors(config) -> None:

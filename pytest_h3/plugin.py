@@ -374,7 +374,7 @@ def pytest_collection(session):
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node, error):
-    distribution.note_usage_errors(node.config, node)
+    distribution.note_usage_errors(node)
 
 
 @pytest.hookimpl(wrapper=True)
