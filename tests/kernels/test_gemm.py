@@ -5,15 +5,21 @@ most twice torch's own error at that precision plus one unit roundoff of the dty
 view into a larger NaN-filled buffer, so a load that strays past a mask turns the result into NaN.
 """
 
+import os
+import re
+import subprocess
+import sys
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import ROOT
 from h3_triton import gemm
 from h3_triton.interpret import INTERPRET
 from h3_triton.gemm import linear, silu_linear
 from kernel_checks import CountingLaunches
-from sm90 import compile_for_h200
+from sm90 import compile_for_h200, h200_triton_path
 
 
 DEVICE = "cpu" if INTERPRET else "cuda"
@@ -347,3 +353,15 @@ def test_descriptor_kernel_compiles_for_h200():
     every bfloat16 tiling of the AdaLN's forward and few-rows backward compiles, and the split-K chunk sum, each
     within the 227 KiB of shared memory an SM has."""
     compile_for_h200(COMPILE_FOR_H200)
+
+
+def test_cluster_reading_of_the_descriptor_kernel_runs():
+    """``benchmarks/gemm_clusters.py`` (what ``results/sm90-compile/gemm-clusters.log`` holds) compiles the shipped
+    TMA kernel in a cluster of two with the H200's Triton and finds its TMA loads in the PTX."""
+    env = h200_triton_path(dict(os.environ, TRITON_INTERPRET="0"))
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gemm_clusters.py"), "--ctas", "2"], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    reading = re.fullmatch(r"num_ctas 2: cluster of 2, \d+ B shared a CTA, (\d+) TMA loads in the PTX, \d+ of them "
+                           r"multicast\n", done.stdout)
+    assert reading and int(reading.group(1)) > 0, done.stdout
