@@ -1,8 +1,9 @@
 """Warnings that nobody running the gates can act on, silenced by message, category and module: those diffusers'
-MiniMax-H3 classes raise through torch on every build, and numpy's overflow warning from Triton's CPU interpreter,
-where a kernel's ``exp`` of a large argument gives inf as the GPU gives it, silently (a sigmoid's ``1 / (1 +
-exp(-x))`` for a very negative x; a kernel whose inf becomes a NaN or a wrong value fails the gates, which judge the
-values). Any other warning of those modules, and these messages raised elsewhere, still show. The plugin adds them to pytest's own warning filters (which pytest applies per test, over
+MiniMax-H3 classes raise through torch on every build, and numpy's overflow and invalid-value warnings from Triton's
+CPU interpreter, where a kernel's arithmetic gives inf or NaN as the GPU gives them, silently: a sigmoid's ``1 / (1 +
+exp(-x))`` overflows for a very negative x, and the kernel gate's non-finite examples feed NaN and inf on purpose.
+The gates judge the values: a kernel whose inf or NaN is wrong fails them. Any other warning of those modules, and
+these messages raised elsewhere, still show. The plugin adds them to pytest's own warning filters (which pytest applies per test, over
 Python's); the command line installs them in Python's.
 """
 
@@ -18,8 +19,9 @@ FOREIGN = (
     # The audio VAE's scripted helpers.
     ("`torch.jit.script_method` is deprecated. Please switch to `torch.compile` or `torch.export`.",
      DeprecationWarning, "torch.jit._script"),
-    # Triton's interpreter computing a kernel's exp (and exp2) through numpy.
-    ("overflow encountered in exp", RuntimeWarning, "triton.runtime.interpreter"),
+    # Triton's interpreter computing a kernel's arithmetic through numpy.
+    ("overflow encountered in", RuntimeWarning, "triton.runtime.interpreter"),
+    ("invalid value encountered in", RuntimeWarning, "triton.runtime.interpreter"),
 )
 
 
