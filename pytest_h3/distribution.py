@@ -93,12 +93,15 @@ WORKER_USAGE_ERRORS = "h3_usage_errors"  # a worker's workeroutput key: the usag
 usage_errors_key = pytest.StashKey[list]()
 
 
-def keep_usage_error(config, error: pytest.UsageError) -> None:
-    """Worker: hand the usage error that stopped its collection to the controller. pytest's "not found" for a node id
-    that names no test in an existing file is raised in each worker's collection, which xdist neither prints nor
-    counts, so the run ended as "no tests ran" (pytest-xdist issue #109)."""
-    if is_worker(config):
-        config.workeroutput[WORKER_USAGE_ERRORS] = [str(arg) for arg in error.args]
+def keep_usage_error(session, error: pytest.UsageError) -> None:
+    """Worker: hand the usage error that stopped its collection to the controller, and stop. xdist neither prints nor
+    counts one: pytest's "not found" for a node id that names no test of an existing file ended the run as "no tests
+    ran" (pytest-xdist issue #109), and a thresholds folder refused once collection finished (the gates selected by
+    path, not by ``-m gate``, which the controller checks itself) as an internal error of xdist's about the items it
+    had given the worker. A worker that says it stops (``shouldstop``) leaves its items to no one."""
+    if is_worker(session.config):
+        session.config.workeroutput[WORKER_USAGE_ERRORS] = [str(arg) for arg in error.args]
+        session.shouldstop = f"usage error: {error}"
 
 
 def note_usage_errors(node) -> None:
@@ -110,8 +113,8 @@ def note_usage_errors(node) -> None:
 
 
 def raise_usage_errors(config) -> None:
-    """Controller, once its workers are down: stop with the workers' usage error in pytest's words and exit status, as
-    pytest without -n does."""
+    """Controller, once its workers are down (or have stopped it): stop with the workers' usage error in pytest's words
+    and exit status, as pytest without -n does."""
     errors = config.stash.get(usage_errors_key, None)
     if errors:
         raise pytest.UsageError(*errors)

@@ -368,7 +368,7 @@ def pytest_collection(session):
     try:
         return (yield)
     except pytest.UsageError as error:
-        distribution.keep_usage_error(session.config, error)
+        distribution.keep_usage_error(session, error)
         raise
 
 
@@ -401,6 +401,7 @@ def pytest_runtestloop(session):
             distribution.raise_usage_errors(session.config)
             return result
         except KeyboardInterrupt:  # a worker's goes on to its controller, which xdist tells by the exit status
+            distribution.raise_usage_errors(session.config)  # a worker stopped by one stops its controller
             if h3 is None or worker or not (h3.ledger.preempted or received):
                 raise
             name = signal.Signals(received[0]).name if received else "a signal"

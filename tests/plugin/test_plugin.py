@@ -191,6 +191,19 @@ def test_tampered_bounds_are_refused_at_session_start(project):
     result.stderr.fnmatch_lines(["*model-bounds.json does not match its digest*"])
 
 
+def test_tampered_thresholds_stop_an_xdist_run_that_selects_the_gates_by_path(project):
+    """Without ``-m gate`` the controller leaves the thresholds to its workers, which refuse them once they collected:
+    the run stops with the refusal and pytest's usage-error status, not with xdist's internal error about the items
+    it had handed the workers."""
+    contract = project.path / "thresholds" / "tiny" / "model-contract.json"
+    contract.write_text(contract.read_text().replace("{", "{\n", 1))
+    result = project.runpytest_subprocess("-p", "no:cacheprovider", "--h3-candidate=provider", "--h3-device=cpu", "-n",
+                                          "2", "test_gate.py")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR, result.stdout.str() + result.stderr.str()
+    result.stderr.fnmatch_lines(["*model-contract.json does not match its digest*"])
+    assert "INTERNALERROR" not in result.stdout.str() + result.stderr.str()
+
+
 def _truncate(path):
     path.write_text(path.read_text()[:60])
 
