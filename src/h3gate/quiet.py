@@ -3,8 +3,8 @@ MiniMax-H3 classes raise through torch on every build, and numpy's overflow and 
 CPU interpreter, where a kernel's arithmetic gives inf or NaN as the GPU gives them, silently: a sigmoid's ``1 / (1 +
 exp(-x))`` overflows for a very negative x, and the kernel gate's non-finite examples feed NaN and inf on purpose.
 The gates judge the values: a kernel whose inf or NaN is wrong fails them. Any other warning of those modules, and
-these messages raised elsewhere, still show. The plugin adds them to pytest's own warning filters (which pytest applies per test, over
-Python's); the command line installs them in Python's.
+these messages raised elsewhere, still show. The plugin adds them to pytest's own warning filters (which pytest
+applies per test, over Python's); the command line installs them in Python's.
 """
 
 from __future__ import annotations
